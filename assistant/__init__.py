@@ -1,0 +1,1 @@
+"""The application: CLI, settings, dialogue and (later) the voice pipeline and UI."""

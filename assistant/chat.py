@@ -1,0 +1,52 @@
+"""``assistant chat``: a text REPL that streams replies and prints one latency line per turn."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TextIO
+
+from assistant.dialogue import Dialogue, Reply
+
+
+def stats_line(reply: Reply) -> str:
+    """``[ttft 41 ms | 18.3 tok/s | 12 tokens | prompt 96: 21 prefilled, 75 reused | eos]``."""
+    s = reply.stats
+    return (
+        f"[ttft {s.ttft_ms:.0f} ms | {s.decode_tokens_per_s:.1f} tok/s | "
+        f"{s.generated_tokens} tokens | prompt {s.prompt_tokens}: {s.prefilled_tokens} prefilled, "
+        f"{s.reused_tokens} reused | {s.stop_reason.value if s.stop_reason else '?'}]"
+    )
+
+
+def run_chat(dialogue: Dialogue, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    """Read lines until EOF; Ctrl-C stops the current reply, a second Ctrl-C at the prompt quits."""
+    interactive = stdin.isatty()
+    stdout.write(f"assistant ready ({dialogue.decoder.name}); type a message, Ctrl-D to quit\n")
+    while True:
+        if interactive:
+            stdout.write("> ")
+            stdout.flush()
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:
+            stdout.write("\n")
+            return 0
+        if not line:
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        cancel = threading.Event()
+        reply = dialogue.ask(text, cancel)
+        for notice in reply.plan.notices():
+            stdout.write(f"({notice})\n")
+        try:
+            for chunk in reply:
+                stdout.write(chunk.text)
+                stdout.flush()
+        except KeyboardInterrupt:
+            cancel.set()
+            stdout.write(" [interrupted]")
+        stdout.write("\n" + stats_line(reply) + "\n")
+        stdout.flush()

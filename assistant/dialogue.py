@@ -1,0 +1,135 @@
+"""Conversation state, the chat template, the context budget and prefix reuse across turns."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.base import Decoder, GenerationOptions, GenerationStats, TokenChunk
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One exchange: what the user said and what the assistant replied."""
+
+    user: str
+    assistant: str
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """The prompt for the next reply and what had to go to make it fit.
+
+    ``dropped_turns`` oldest turns were left out; ``user_tokens_cut`` tokens were removed
+    from the start of an over-long user message.
+    """
+
+    ids: list[int]
+    dropped_turns: int = 0
+    user_tokens_cut: int = 0
+    user_text: str = ""
+
+    def notices(self) -> list[str]:
+        """Human-readable lines saying what was trimmed (empty when nothing was)."""
+        out = []
+        if self.dropped_turns:
+            out.append(f"context full: left out the {self.dropped_turns} oldest turn(s) of the conversation")
+        if self.user_tokens_cut:
+            out.append(
+                f"message too long for the context: kept its last part, "
+                f"cut {self.user_tokens_cut} tokens from its start"
+            )
+        return out
+
+
+@dataclass
+class Reply:
+    """A reply being generated. Lazy: iterate it to run; the turn is recorded at the end."""
+
+    plan: PromptPlan
+    _chunks: Iterator[TokenChunk]
+    stats: GenerationStats
+    _on_done: Any = field(repr=False)
+
+    def __iter__(self) -> Iterator[TokenChunk]:
+        """Stream the reply's tokens; interrupting it still records the partial reply."""
+        try:
+            yield from self._chunks
+        finally:
+            self._on_done(self)
+
+
+class Dialogue:
+    """A conversation with the decoder, kept within its context.
+
+    The prompt is re-rendered each turn with the tokenizer's chat template; the decoder
+    reuses the KV cache of the longest common prefix, so only new tokens are prefilled.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        tokenizer: Any,
+        system_prompt: str,
+        options: GenerationOptions,
+    ) -> None:
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.options = options
+        self.turns: list[Turn] = []  # the turns still in context
+        self.transcript: list[Turn] = []  # every turn of the session, trimmed or not
+
+    def _render(self, turns: list[Turn], user: str) -> list[int]:
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        for turn in turns:
+            messages += [
+                {"role": "user", "content": turn.user},
+                {"role": "assistant", "content": turn.assistant},
+            ]
+        messages.append({"role": "user", "content": user})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def prompt_budget_tokens(self) -> int:
+        """Tokens a prompt may use: the KV cache minus room for a full reply."""
+        return max(self.decoder.capacity_tokens - self.options.max_new_tokens, 1)
+
+    def plan(self, user_text: str) -> PromptPlan:
+        """Render the prompt for ``user_text``, dropping oldest turns (never the system prompt)."""
+        budget = self.prompt_budget_tokens
+        for dropped in range(len(self.turns) + 1):
+            ids = self._render(self.turns[dropped:], user_text)
+            if len(ids) <= budget:
+                return PromptPlan(ids, dropped, 0, user_text)
+        # Even alone the message is too long: keep its end, which is usually the question.
+        user_ids = self.tokenizer.encode(user_text, add_special_tokens=False)
+        overhead = len(self._render([], ""))
+        keep = max(budget - overhead - 1, 1)
+        cut = max(len(user_ids) - keep, 0)
+        while True:
+            text = self.tokenizer.decode(user_ids[cut:], skip_special_tokens=True)
+            ids = self._render([], text)
+            if len(ids) <= budget or cut >= len(user_ids) - 1:
+                return PromptPlan(ids, len(self.turns), cut, text)
+            cut += max(len(ids) - budget, 1)
+
+    def ask(self, user_text: str, cancel: threading.Event | None = None) -> Reply:
+        """Start the reply to ``user_text``; lazy: iterate the result to generate."""
+        plan = self.plan(user_text)
+        for line in plan.notices():
+            logger.info("%s", line)
+        generation = self.decoder.generate(plan.ids, self.options, cancel)
+        return Reply(plan, iter(generation), generation.stats, self._record)
+
+    def _record(self, reply: Reply) -> None:
+        kept = self.turns[reply.plan.dropped_turns :]
+        turn = Turn(reply.plan.user_text, reply.stats.text.strip())
+        self.turns = [*kept, turn]
+        self.transcript.append(turn)

@@ -1,0 +1,97 @@
+"""Resolve the configured LLM to a folder, load its tokenizer and build the decoder backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from assistant.config import DecoderSettings, ModelSettings
+from engines.driver import DecoderDriver
+from models.store import BUNDLED, ModelStore
+from models.weights import FETCH_HINT, ModelNotFound, check_model_dir
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("pytorch",)
+
+
+def resolve_llm_dir(settings: ModelSettings) -> Path:
+    """Folder of the configured LLM: a store name, a local folder, or a hub id (online).
+
+    Raises:
+        ModelNotFound: Nothing usable under that name, with the command that fixes it.
+    """
+    store = ModelStore(settings.store_dir)
+    name = settings.llm
+    local = Path(name).expanduser()
+    if local.is_dir():
+        check_model_dir(local)
+        return local
+    if store.is_present(name):
+        return store.path(name)
+    if name in BUNDLED:
+        raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
+    if name.count("/") == 1 and not local.exists():
+        return _hub_snapshot(name)
+    raise ModelNotFound(f"no model folder {local} and no stored model {name!r}: {FETCH_HINT}")
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
+        )
+    except Exception as e:  # the hub client raises many unrelated types for offline/unknown
+        raise ModelNotFound(
+            f"could not download {repo_id!r} from the Hugging Face hub ({e}); offline, {FETCH_HINT}"
+        ) from e
+    return Path(path)
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The fast tokenizer (with chat template) saved in ``model_dir``."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
+    if not tokenizer.chat_template:
+        raise ModelNotFound(f"{model_dir} has no chat template; use an instruct/chat model")
+    return tokenizer
+
+
+def eos_token_ids(model_dir: Path, tokenizer: Any) -> set[int]:
+    """End-of-turn ids: from config.json, generation_config.json and the tokenizer."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        if path.exists():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDriver, Any]:
+    """Build the configured decoder backend and its tokenizer."""
+    model_dir = resolve_llm_dir(models)
+    tokenizer = load_tokenizer(model_dir)
+    if decoder.backend != "pytorch":
+        raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
+    from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+
+    options = TorchBackendOptions(
+        device=decoder.device,
+        dtype=decoder.dtype,
+        capacity_tokens=decoder.context_tokens,
+        threads=decoder.threads,
+    )
+    driver = load_torch_decoder(model_dir, tokenizer, options)
+    driver.eos_token_ids = frozenset(driver.eos_token_ids | eos_token_ids(model_dir, tokenizer))
+    return driver, tokenizer

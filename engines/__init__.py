@@ -1,0 +1,1 @@
+"""LLM decoder backends behind one Decoder protocol."""

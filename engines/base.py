@@ -1,0 +1,137 @@
+"""What every decoder backend offers: the :class:`Decoder` protocol and its value types."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class ContextOverflow(ValueError):
+    """The prompt does not fit in the decoder's KV-cache capacity."""
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How to pick tokens and when to stop.
+
+    ``temperature == 0`` is greedy decoding; top-k, top-p and the seed then do nothing.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+
+
+class StopReason(enum.Enum):
+    """Why a generation ended."""
+
+    EOS = "eos"
+    STOP_STRING = "stop_string"
+    MAX_TOKENS = "max_tokens"
+    CONTEXT_FULL = "context_full"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """One generated token and the text it made printable.
+
+    ``text`` may be empty (a token inside a multi-byte character, or text held back because
+    it may begin a stop string). ``t_ns`` is ``time.monotonic_ns()`` once the token id is on
+    the host.
+    """
+
+    index: int
+    token_id: int
+    text: str
+    t_ns: int
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timestamps of one generation (all ``monotonic_ns``).
+
+    TTFT starts when the prompt is submitted (``t_submit_ns``) and stops when the first
+    token id is on the host (``t_first_token_ns``); decode rate counts the tokens after it.
+    """
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    t_submit_ns: int = 0
+    t_first_token_ns: int = 0
+    t_done_ns: int = 0
+    stop_reason: StopReason | None = None
+    text: str = ""
+
+    @property
+    def ttft_ms(self) -> float:
+        """Prompt submitted -> first token id on the host."""
+        return (self.t_first_token_ns - self.t_submit_ns) / 1e6
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second of decoding (0 when there are none)."""
+        span_ns = self.t_done_ns - self.t_first_token_ns
+        if self.generated_tokens < 2 or span_ns <= 0:
+            return 0.0
+        return (self.generated_tokens - 1) / (span_ns / 1e9)
+
+
+class StepModel(Protocol):
+    """The only part a backend implements: run tokens at a position, return last logits."""
+
+    name: str
+    capacity_tokens: int
+
+    def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
+        """Write K/V of ``token_ids`` at ``start_pos...`` and return the last token's fp32 logits."""
+        ...
+
+
+class Decoder(Protocol):
+    """A stateful decoder holding one conversation's KV cache."""
+
+    name: str
+    capacity_tokens: int
+
+    def reset(self) -> None:
+        """Forget the cached prefix."""
+        ...
+
+    def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Make the cache hold ``prompt_ids`` (reusing the common prefix); return last logits."""
+        ...
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Append one token; return its logits."""
+        ...
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        options: GenerationOptions,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Start a generation; lazy: nothing runs until the result is iterated."""
+        ...
+
+
+class Generation(Protocol):
+    """A lazy stream of :class:`TokenChunk`; ``stats`` is complete once it is exhausted."""
+
+    stats: GenerationStats
+
+    def __iter__(self) -> Iterator[TokenChunk]:
+        """Run the generation, yielding each token as it is produced."""
+        ...

@@ -1,0 +1,222 @@
+"""The generation loop shared by every backend: prefix reuse, sampling, streaming, stops.
+
+Backends differ only in their :class:`~engines.base.StepModel`; everything a user can observe
+about generation (which tokens, when they stream, why it stopped) is decided here once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from engines.base import (
+    ContextOverflow,
+    GenerationOptions,
+    GenerationStats,
+    StepModel,
+    StopReason,
+    TokenChunk,
+)
+from engines.sampling import Sampler
+
+
+class Detokenizer(Protocol):
+    """The part of a tokenizer the driver needs."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str:
+        """Turn ids into text."""
+        ...
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class TextStream:
+    """Incremental detokenization that never splits a character or leaks a stop string."""
+
+    def __init__(self, tokenizer: Detokenizer, stop_strings: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""  # emitted so far
+        self.pending = ""  # decoded but held back (could start a stop string)
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Add a token; return the newly printable text ('' when nothing is safe to show)."""
+        self.ids.append(token_id)
+        # Decode a short window so a token is printed only once its characters are complete.
+        window = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        if window.endswith("\ufffd"):
+            return ""
+        before = self.tokenizer.decode(
+            self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
+        )
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.pending += window[len(before) :]
+        return self._release()
+
+    def _release(self) -> str:
+        candidate = self.text + self.pending
+        hits = [candidate.find(s, 0) for s in self.stop_strings]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            self.stopped = True
+            out = candidate[: min(hits)][len(self.text) :]
+            self.text += out
+            self.pending = ""
+            return out
+        hold = 0
+        for s in self.stop_strings:
+            for k in range(min(len(s) - 1, len(candidate)), 0, -1):
+                if candidate.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        hold = min(hold, len(self.pending))
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out) :]
+        self.text += out
+        return out
+
+    def flush(self) -> str:
+        """Release held-back text at the end of a generation that hit no stop string."""
+        out, self.pending = self.pending, ""
+        self.text += out
+        return out
+
+
+class DecoderDriver:
+    """A :class:`~engines.base.Decoder` over any :class:`~engines.base.StepModel`.
+
+    It remembers which token ids the KV cache holds, so a new prompt that starts with the
+    previous conversation only prefills the tokens after the common prefix.
+    """
+
+    def __init__(self, step: StepModel, tokenizer: Detokenizer, eos_token_ids: Sequence[int]) -> None:
+        self.step = step
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.name = step.name
+        self.capacity_tokens = step.capacity_tokens
+        self.cached_ids: list[int] = []
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget the cached prefix (the cache memory itself is reused)."""
+        self.cached_ids = []
+
+    def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Make the cache hold ``prompt_ids``; return the last token's logits.
+
+        Raises:
+            ContextOverflow: The prompt does not fit in ``capacity_tokens``.
+        """
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) > self.capacity_tokens:
+            raise ContextOverflow(
+                f"prompt of {len(prompt_ids)} tokens exceeds the KV cache of "
+                f"{self.capacity_tokens}; raise the context size or shorten the prompt"
+            )
+        # At least the last token runs, so its logits are fresh.
+        reuse = min(common_prefix_len(self.cached_ids, prompt_ids), len(prompt_ids) - 1)
+        self.cached_ids = list(prompt_ids[:reuse])
+        logits = self.step.forward(prompt_ids[reuse:], reuse)
+        self.cached_ids = list(prompt_ids)
+        return logits
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Append one token at the end of the cache; return its logits."""
+        if len(self.cached_ids) >= self.capacity_tokens:
+            raise ContextOverflow(f"KV cache full ({self.capacity_tokens} tokens)")
+        logits = self.step.forward([token_id], len(self.cached_ids))
+        self.cached_ids.append(token_id)
+        return logits
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        options: GenerationOptions,
+        cancel: threading.Event | None = None,
+    ) -> StreamingGeneration:
+        """Return a lazy generation; iterating it runs prefill and decoding."""
+        return StreamingGeneration(self, list(prompt_ids), options, cancel)
+
+
+class StreamingGeneration:
+    """Iterate to run; ``stats`` fills in as it goes and is final when iteration ends."""
+
+    def __init__(
+        self,
+        driver: DecoderDriver,
+        prompt_ids: list[int],
+        options: GenerationOptions,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.driver = driver
+        self.prompt_ids = prompt_ids
+        self.options = options
+        self.cancel = cancel or threading.Event()
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+
+    def __iter__(self) -> Iterator[TokenChunk]:
+        """Run the generation, yielding a chunk per token."""
+        d, opts, stats = self.driver, self.options, self.stats
+        with d._lock:
+            stats.t_submit_ns = time.monotonic_ns()
+            stats.reused_tokens = min(
+                common_prefix_len(d.cached_ids, self.prompt_ids), len(self.prompt_ids) - 1
+            )
+            stats.prefilled_tokens = len(self.prompt_ids) - max(stats.reused_tokens, 0)
+            sampler = Sampler(opts)
+            text = TextStream(d.tokenizer, opts.stop_strings)
+            context = list(self.prompt_ids)
+            reason: StopReason | None = None
+            try:
+                logits = d.prefill(self.prompt_ids)
+                for index in range(opts.max_new_tokens):
+                    if self.cancel.is_set():
+                        reason = StopReason.CANCELLED
+                        break
+                    token = sampler(logits, context)
+                    t_ns = time.monotonic_ns()
+                    if index == 0:
+                        stats.t_first_token_ns = t_ns
+                    stats.generated_tokens += 1
+                    if token in d.eos_token_ids:
+                        reason = StopReason.EOS
+                        break
+                    context.append(token)
+                    piece = text.push(token)
+                    yield TokenChunk(index, token, piece, t_ns)
+                    if text.stopped:
+                        reason = StopReason.STOP_STRING
+                        break
+                    if index + 1 == opts.max_new_tokens:
+                        reason = StopReason.MAX_TOKENS
+                        break
+                    if len(d.cached_ids) >= d.capacity_tokens:
+                        reason = StopReason.CONTEXT_FULL
+                        break
+                    logits = d.decode(token)
+                if reason in (StopReason.EOS, StopReason.MAX_TOKENS, StopReason.CONTEXT_FULL):
+                    rest = text.flush()
+                    if rest:
+                        yield TokenChunk(stats.generated_tokens, -1, rest, time.monotonic_ns())
+            finally:
+                # Also reached when the consumer stops iterating or Ctrl-C lands mid-step.
+                stats.t_done_ns = time.monotonic_ns()
+                stats.stop_reason = reason or StopReason.CANCELLED
+                stats.text = text.text

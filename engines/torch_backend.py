@@ -1,0 +1,92 @@
+"""PyTorch backend: the ``models/`` decoder run eagerly on CPU (fp32) or CUDA (fp16/bf16)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engines.driver import DecoderDriver, Detokenizer
+from models.config import DecoderConfig
+from models.decoder import Decoder as DecoderModel
+from models.decoder import KVCache
+from models.weights import load_decoder
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TorchBackendOptions:
+    """Where and how the PyTorch backend runs.
+
+    ``device`` / ``dtype`` ``"auto"`` mean CUDA fp16 when a GPU is present, else CPU fp32.
+    ``threads`` 0 means one per core, at most 4: more oversubscribes small CPUs.
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    capacity_tokens: int = 2048
+    threads: int = 0
+
+
+def resolve_device(options: TorchBackendOptions) -> tuple[torch.device, torch.dtype]:
+    """Turn ``auto`` settings into a concrete device and dtype."""
+    device = options.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = options.dtype
+    if dtype == "auto":
+        dtype = "fp16" if device.startswith("cuda") else "fp32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} unknown; use one of {', '.join(DTYPES)} or auto")
+    return torch.device(device), DTYPES[dtype]
+
+
+class TorchStep:
+    """Eager step function: one forward of ``models.decoder.Decoder`` per call."""
+
+    def __init__(self, model: DecoderModel, capacity_tokens: int) -> None:
+        param = next(model.parameters())
+        self.model = model
+        self.device = param.device
+        self.dtype = param.dtype
+        self.capacity_tokens = capacity_tokens
+        self.cache = KVCache.allocate(model.config, capacity_tokens, dtype=self.dtype, device=self.device)
+        precision = {v: k for k, v in DTYPES.items()}[self.dtype]
+        self.name = f"pytorch-{self.device.type} {precision}"
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
+        """Run ``token_ids`` at ``start_pos`` and return the last token's logits (fp32)."""
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        end = start_pos + len(token_ids)
+        positions = torch.arange(start_pos, end, device=self.device)
+        logits = self.model(ids, positions, self.cache, kv_len=end, last_only=True)
+        # .cpu() synchronizes the device, so the caller's clock reads after the GPU finished.
+        return logits[0, -1].cpu().numpy()
+
+
+def configure_threads(threads: int) -> None:
+    """Set torch's intra-op threads; 0 picks min(cores, 4)."""
+    count = threads or min(os.cpu_count() or 1, 4)
+    torch.set_num_threads(count)
+
+
+def load_torch_decoder(
+    model_dir: Path, tokenizer: Detokenizer, options: TorchBackendOptions
+) -> DecoderDriver:
+    """Load the model in ``model_dir`` and wrap it in the shared generation driver."""
+    configure_threads(options.threads)
+    device, dtype = resolve_device(options)
+    config = DecoderConfig.from_dir(model_dir)
+    capacity = min(options.capacity_tokens, config.max_position_embeddings)
+    model = load_decoder(model_dir, dtype=dtype, device=device)
+    logger.info("loaded %s on %s (%s), KV cache %d tokens", model_dir, device, dtype, capacity)
+    return DecoderDriver(TorchStep(model, capacity), tokenizer, config.eos_token_ids)

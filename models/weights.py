@@ -1,0 +1,75 @@
+"""Load a :class:`~models.decoder.Decoder` from a Hugging Face safetensors folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from models.config import DecoderConfig
+from models.decoder import Decoder, rope_inv_freq
+
+FETCH_HINT = "run 'assistant models fetch' (or point --model at a Llama/Qwen2 safetensors folder)"
+
+
+class ModelNotFound(FileNotFoundError):
+    """The model folder or one of its files is missing."""
+
+
+class CorruptModel(ValueError):
+    """A weight file exists but cannot be read or does not fit the config."""
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Raise :class:`ModelNotFound` unless ``model_dir`` has a config and weights."""
+    if not (model_dir / "config.json").is_file():
+        raise ModelNotFound(f"no model at {model_dir} (config.json missing): {FETCH_HINT}")
+    if not _weight_files(model_dir):
+        raise ModelNotFound(f"no *.safetensors weights in {model_dir}: {FETCH_HINT}")
+
+
+def load_decoder(
+    model_dir: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> Decoder:
+    """Build the decoder described by ``model_dir/config.json`` and load its weights.
+
+    Raises:
+        ModelNotFound: The folder, its config or its weights are missing.
+        CorruptModel: A weight file is unreadable, or tensors are missing or mis-shaped.
+    """
+    check_model_dir(model_dir)
+    config = DecoderConfig.from_dir(model_dir)
+    state: dict[str, torch.Tensor] = {}
+    for path in _weight_files(model_dir):
+        try:
+            shard = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CorruptModel(f"cannot read {path}: {e}; delete the folder and {FETCH_HINT}") from e
+        state.update({k.removeprefix("model."): v for k, v in shard.items()})
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        state["lm_head.weight"] = state.get("embed_tokens.weight", torch.empty(0))
+    with torch.device("meta"):
+        model = Decoder(config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise CorruptModel(f"weights in {model_dir} do not match its config.json: {e}") from e
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # The non-persistent RoPE buffer was built on the meta device; it stays fp32 at any dtype.
+    model.inv_freq = rope_inv_freq(config)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = model.inv_freq.float()
+    return model

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Set up everything the assistant needs on this machine: system packages, .venv, models.
+#   scripts/setup.sh          runtime only
+#   scripts/setup.sh --dev    plus test tools and the packages the tests use
+# Re-running is cheap: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dev=0
+[[ "${1:-}" == "--dev" ]] && dev=1
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# System packages: PortAudio for sounddevice, espeak-ng for pyttsx3; the tests also use a
+# private PulseAudio as virtual microphone/speaker, espeak-ng/sox for utterances, tmux for the UI.
+apt_pkgs=(libportaudio2 libespeak-ng1 espeak-ng alsa-utils)
+(( dev )) && apt_pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins sox tmux)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    say "installing system packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    say "missing system packages; install them with:"
+    say "  sudo apt-get install ${missing[*]}"
+    say "(continuing: text chat works without them)"
+  fi
+fi
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "Python >= 3.11 is required (found $("$python" --version)); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+}
+[[ -x .venv/bin/python ]] || { say "creating .venv"; "$python" -m venv .venv; }
+
+gpu=0
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=1
+extras=""
+(( gpu )) && extras="gpu"
+(( dev )) && extras="${extras:+$extras,}dev"
+stamp=.venv/.setup-stamp
+want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  if (( ! gpu )); then
+    # No CUDA GPU: pin the CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
+    say "no NVIDIA GPU found: installing CPU torch"
+    .venv/bin/python -m pip install -q ${ASSISTANT_TORCH_INDEX:+--index-url "$ASSISTANT_TORCH_INDEX"} "torch==2.13.0"
+  fi
+  say "installing the assistant${extras:+ with extras [$extras]}"
+  .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+  echo "$want" > "$stamp"
+fi
+
+.venv/bin/assistant models fetch
