@@ -1,0 +1,66 @@
+"""Shared fixtures: the real bundled SmolLM2 model, fetched into the store if needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
+from assistant.dialogue import Dialogue
+from assistant.llm import eos_token_ids, load_tokenizer
+from engines.base import GenerationOptions
+from engines.driver import DecoderDriver
+from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+from models.store import DEFAULT_LLM, ModelStore
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def store() -> ModelStore:
+    """The user's model store (``scripts/setup.sh`` fetched the models into it)."""
+    return ModelStore(ModelSettings().store_dir)
+
+
+@pytest.fixture(scope="session")
+def model_dir(store: ModelStore) -> Path:
+    """Folder of the real SmolLM2-135M-Instruct, fetched on first use."""
+    return store.fetch(DEFAULT_LLM, progress=lambda _msg: None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path):
+    return load_tokenizer(model_dir)
+
+
+def make_decoder(model_dir: Path, tokenizer, capacity_tokens: int = 2048) -> DecoderDriver:
+    """A CPU fp32 decoder over the real model (as ``assistant.llm.load_llm`` builds it)."""
+    options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=capacity_tokens, threads=2)
+    driver = load_torch_decoder(model_dir, tokenizer, options)
+    driver.eos_token_ids = frozenset(driver.eos_token_ids | eos_token_ids(model_dir, tokenizer))
+    return driver
+
+
+@pytest.fixture(scope="session")
+def decoder(model_dir: Path, tokenizer) -> DecoderDriver:
+    return make_decoder(model_dir, tokenizer)
+
+
+@pytest.fixture
+def fresh_decoder(decoder: DecoderDriver) -> DecoderDriver:
+    decoder.reset()
+    return decoder
+
+
+def make_dialogue(decoder: DecoderDriver, tokenizer, **options) -> Dialogue:
+    opts = GenerationOptions(**{"max_new_tokens": 48, **options})
+    return Dialogue(decoder, tokenizer, DEFAULT_SYSTEM_PROMPT, opts)
+
+
+def run_reply(dialogue: Dialogue, text: str):
+    """Ask and drain the reply; returns (reply, token ids)."""
+    reply = dialogue.ask(text)
+    ids = [c.token_id for c in reply if c.token_id >= 0]
+    return reply, ids

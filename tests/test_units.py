@@ -1,0 +1,92 @@
+"""Fast unit tests: sampling, incremental detokenization with stop strings, settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from assistant.config import ConfigError, load_settings
+from engines.base import GenerationOptions
+from engines.driver import TextStream, common_prefix_len
+from engines.sampling import Sampler
+
+
+def test_greedy_picks_argmax_and_top_k_1_is_greedy_at_any_temperature():
+    logits = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
+    assert Sampler(GenerationOptions())(logits, []) == 1
+    hot = Sampler(GenerationOptions(temperature=5.0, top_k=1, seed=3))
+    assert {hot(logits, []) for _ in range(50)} == {1}
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    s = Sampler(GenerationOptions(temperature=1.0, top_p=0.7, seed=0))
+    assert {s(logits, []) for _ in range(300)} == {0, 1}
+
+
+def test_temperature_sampling_covers_the_distribution_and_respects_seed():
+    logits = np.zeros(4)
+    draws = [Sampler(GenerationOptions(temperature=1.0, seed=11))(logits, []) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same first draw
+    s = Sampler(GenerationOptions(temperature=1.0, seed=11))
+    assert {s(logits, []) for _ in range(200)} == {0, 1, 2, 3}
+
+
+def test_repetition_penalty_moves_greedy_off_a_seen_token():
+    logits = np.array([2.0, 1.9, -5.0])
+    assert Sampler(GenerationOptions(repetition_penalty=1.2))(logits, [0]) == 1
+    assert Sampler(GenerationOptions())(logits, [0]) == 0
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([1, 2], [1, 2]) == 2
+
+
+def stream(tokenizer, text, stops=()):
+    ts = TextStream(tokenizer, stops)
+    pieces = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        pieces.append(ts.push(token))
+        if ts.stopped:
+            break
+    else:
+        pieces.append(ts.flush())
+    return ts, pieces
+
+
+def test_text_stream_never_splits_multibyte_characters(tokenizer):
+    text = "Café au lait 🎉 costs 3€ — naïve 日本語."
+    _, pieces = stream(tokenizer, text)
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_text_stream_holds_back_a_possible_stop_string_and_cuts_at_it(tokenizer):
+    ts, pieces = stream(tokenizer, "Hello there. User: ignore this", stops=("User:",))
+    assert ts.stopped and "".join(pieces) == "Hello there. "
+    assert all("User" not in p for p in pieces)
+    # A partial match that never completes is released at the end.
+    ts, pieces = stream(tokenizer, "Hello Use the force", stops=("User:",))
+    assert not ts.stopped and "".join(pieces) == "Hello Use the force"
+
+
+def test_settings_precedence_file_then_env_then_flags(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[decoder]\nbackend = "pytorch"\nthreads = 3\n[generation]\ntemperature = 0.5\n')
+    env = {"ASSISTANT_DECODER_THREADS": "1", "ASSISTANT_GENERATION_STOP_STRINGS": "a,b"}
+    s = load_settings(cfg, env=env, overrides={"generation.temperature": 0.0, "models.llm": None})
+    assert s.decoder.threads == 1
+    assert s.generation.temperature == 0.0
+    assert s.generation.stop_strings == ["a", "b"]
+    assert s.models.llm == "smollm2-135m-instruct"
+
+
+def test_settings_errors_name_the_source(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[decoder]\nbackendd = 'x'\n")
+    with pytest.raises(ConfigError, match=r"config.toml.*unknown key 'backendd'.*known: backend"):
+        load_settings(cfg, env={})
+    with pytest.raises(ConfigError, match=r"\$ASSISTANT_DECODER_THREADS.*int"):
+        load_settings(env={"ASSISTANT_DECODER_THREADS": "many"})
