@@ -28,7 +28,9 @@ def run_cli(*args, stdin="", env=None, timeout=300):
 
 
 def test_chat_streams_replies_ignores_empty_lines_and_reports_reuse(store):
-    out = run_cli("chat", "--max-new-tokens", "32", stdin="What is the capital of France?\n\n   \nThank you!\n")
+    out = run_cli(
+        "chat", "--max-new-tokens", "32", stdin="What is the capital of France?\n\n   \nThank you!\n"
+    )
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     lines = [line for line in out.stdout.splitlines() if line.startswith("[ttft")]
