@@ -51,6 +51,7 @@ class PromptPlan:
 class Reply:
     """A reply being generated. Lazy: iterate it to run; the turn is recorded at the end."""
 
+    user_text: str
     plan: PromptPlan
     _chunks: Iterator[TokenChunk]
     stats: GenerationStats
@@ -126,10 +127,11 @@ class Dialogue:
         for line in plan.notices():
             logger.info("%s", line)
         generation = self.decoder.generate(plan.ids, self.options, cancel)
-        return Reply(plan, iter(generation), generation.stats, self._record)
+        return Reply(user_text, plan, iter(generation), generation.stats, self._record)
 
     def _record(self, reply: Reply) -> None:
         kept = self.turns[reply.plan.dropped_turns :]
-        turn = Turn(reply.plan.user_text, reply.stats.text.strip())
-        self.turns = [*kept, turn]
-        self.transcript.append(turn)
+        answer = reply.stats.text.strip()
+        self.turns = [*kept, Turn(reply.plan.user_text, answer)]
+        # The session transcript keeps what the user really said, even if the prompt cut it.
+        self.transcript.append(Turn(reply.user_text, answer))

@@ -116,11 +116,13 @@ def test_context_overflow_drops_oldest_turns_never_the_system_prompt(model_dir, 
 
 def test_ten_thousand_word_paste_is_cut_to_fit_and_answered(fresh_decoder, tokenizer):
     paste = ("lorem ipsum dolor sit amet " * 2000) + "What is the capital of France?"
-    reply, ids = run_reply(make_dialogue(fresh_decoder, tokenizer, max_new_tokens=16), paste)
+    dialogue = make_dialogue(fresh_decoder, tokenizer, max_new_tokens=16)
+    reply, ids = run_reply(dialogue, paste)
     assert reply.plan.user_tokens_cut > 0
     assert len(reply.plan.ids) <= fresh_decoder.capacity_tokens - 16
     assert "capital of France" in reply.plan.user_text  # the end (the question) is kept
     assert ids and any("too long" in n for n in reply.plan.notices())
+    assert dialogue.transcript[-1].user == paste  # the session record keeps all of it
 
 
 def test_prompt_longer_than_cache_raises_context_overflow(fresh_decoder):
