@@ -12,8 +12,9 @@ from assistant.dialogue import Dialogue, Reply
 def stats_line(reply: Reply) -> str:
     """``[ttft 41 ms | 18.3 tok/s | 12 tokens | prompt 96: 21 prefilled, 75 reused | eos]``."""
     s = reply.stats
+    ttft = "n/a" if s.ttft_ms is None else f"{s.ttft_ms:.0f} ms"
     return (
-        f"[ttft {s.ttft_ms:.0f} ms | {s.decode_tokens_per_s:.1f} tok/s | "
+        f"[ttft {ttft} | {s.decode_tokens_per_s:.1f} tok/s | "
         f"{s.generated_tokens} tokens | prompt {s.prompt_tokens}: {s.prefilled_tokens} prefilled, "
         f"{s.reused_tokens} reused | {s.stop_reason.value if s.stop_reason else '?'}]"
     )

@@ -56,12 +56,16 @@ class Reply:
     _chunks: Iterator[TokenChunk]
     stats: GenerationStats
     _on_done: Any = field(repr=False)
+    done: bool = False
 
     def __iter__(self) -> Iterator[TokenChunk]:
         """Stream the reply's tokens; interrupting it still records the partial reply."""
+        if self.done:
+            return
         try:
             yield from self._chunks
         finally:
+            self.done = True
             self._on_done(self)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -65,19 +64,6 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
-def eos_token_ids(model_dir: Path, tokenizer: Any) -> set[int]:
-    """End-of-turn ids: from config.json, generation_config.json and the tokenizer."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = model_dir / name
-        if path.exists():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            ids.update(value if isinstance(value, list) else [] if value is None else [value])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-
-
 def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDriver, Any]:
     """Build the configured decoder backend and its tokenizer."""
     model_dir = resolve_llm_dir(models)
@@ -92,6 +78,4 @@ def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDr
         capacity_tokens=decoder.context_tokens,
         threads=decoder.threads,
     )
-    driver = load_torch_decoder(model_dir, tokenizer, options)
-    driver.eos_token_ids = frozenset(driver.eos_token_ids | eos_token_ids(model_dir, tokenizer))
-    return driver, tokenizer
+    return load_torch_decoder(model_dir, tokenizer, options), tokenizer

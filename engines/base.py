@@ -75,13 +75,19 @@ class GenerationStats:
     text: str = ""
 
     @property
-    def ttft_ms(self) -> float:
-        """Prompt submitted -> first token id on the host."""
+    def ttft_ms(self) -> float | None:
+        """Prompt submitted -> first token id on the host; ``None`` if no token came."""
+        if not self.t_first_token_ns:
+            return None
         return (self.t_first_token_ns - self.t_submit_ns) / 1e6
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Tokens after the first, per second of decoding (0 when there are none)."""
+        """Tokens after the first per second, as the consumer saw them (0 when there are none).
+
+        The span runs from the first to the last token, so it includes the consumer's time
+        between tokens (printing, TTS): the rate a user observes, not a kernel benchmark.
+        """
         span_ns = self.t_done_ns - self.t_first_token_ns
         if self.generated_tokens < 2 or span_ns <= 0:
             return 0.0

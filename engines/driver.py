@@ -107,11 +107,15 @@ class DecoderDriver:
     def __init__(self, step: StepModel, tokenizer: Detokenizer, eos_token_ids: Sequence[int]) -> None:
         self.step = step
         self.tokenizer = tokenizer
-        self.eos_token_ids = frozenset(eos_token_ids)
+        # The tokenizer's own end token counts too (chat models often end turns with it).
+        tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = frozenset(eos_token_ids) | (
+            frozenset() if tokenizer_eos is None else {tokenizer_eos}
+        )
         self.name = step.name
         self.capacity_tokens = step.capacity_tokens
         self.cached_ids: list[int] = []
-        self._lock = threading.Lock()
+        self.busy = False  # a generation is being iterated
 
     def reset(self) -> None:
         """Forget the cached prefix (the cache memory itself is reused)."""
@@ -174,7 +178,10 @@ class StreamingGeneration:
     def __iter__(self) -> Iterator[TokenChunk]:
         """Run the generation, yielding a chunk per token."""
         d, opts, stats = self.driver, self.options, self.stats
-        with d._lock:
+        if d.busy:
+            raise RuntimeError(f"{d.name}: a generation is still running; finish or close it first")
+        d.busy = True
+        try:
             stats.t_submit_ns = time.monotonic_ns()
             stats.reused_tokens = min(
                 common_prefix_len(d.cached_ids, self.prompt_ids), len(self.prompt_ids) - 1
@@ -220,3 +227,5 @@ class StreamingGeneration:
                 stats.t_done_ns = time.monotonic_ns()
                 stats.stop_reason = reason or StopReason.CANCELLED
                 stats.text = text.text
+        finally:
+            d.busy = False

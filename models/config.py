@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,5 +71,12 @@ class DecoderConfig:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> DecoderConfig:
-        """Read ``model_dir/config.json``."""
-        return cls.from_hf(json.loads((model_dir / "config.json").read_text()))
+        """Read ``model_dir/config.json``, adding end-of-turn ids from ``generation_config.json``."""
+        config = cls.from_hf(json.loads((model_dir / "config.json").read_text()))
+        generation = model_dir / "generation_config.json"
+        if generation.exists():
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+            extra = eos if isinstance(eos, list) else [] if eos is None else [eos]
+            merged = tuple(dict.fromkeys([*config.eos_token_ids, *extra]))
+            config = dataclasses.replace(config, eos_token_ids=merged)
+        return config

@@ -68,8 +68,9 @@ def load_decoder(
         raise CorruptModel(f"weights in {model_dir} do not match its config.json: {e}") from e
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    # The non-persistent RoPE buffer was built on the meta device; it stays fp32 at any dtype.
+    # The non-persistent RoPE buffer was built on the meta device. Give it real storage for
+    # .to(), then recompute it after the cast: frequencies stay fp32 whatever the weights' dtype.
     model.inv_freq = rope_inv_freq(config)
     model = model.to(device=device, dtype=dtype).eval()
-    model.inv_freq = model.inv_freq.float()
+    model.inv_freq = rope_inv_freq(config).to(device)
     return model

@@ -9,7 +9,7 @@ import torch
 
 from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
 from assistant.dialogue import Dialogue
-from assistant.llm import eos_token_ids, load_tokenizer
+from assistant.llm import load_tokenizer
 from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
@@ -38,9 +38,7 @@ def tokenizer(model_dir: Path):
 def make_decoder(model_dir: Path, tokenizer, capacity_tokens: int = 2048) -> DecoderDriver:
     """A CPU fp32 decoder over the real model (as ``assistant.llm.load_llm`` builds it)."""
     options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=capacity_tokens, threads=2)
-    driver = load_torch_decoder(model_dir, tokenizer, options)
-    driver.eos_token_ids = frozenset(driver.eos_token_ids | eos_token_ids(model_dir, tokenizer))
-    return driver
+    return load_torch_decoder(model_dir, tokenizer, options)
 
 
 @pytest.fixture(scope="session")

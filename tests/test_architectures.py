@@ -60,3 +60,13 @@ def test_variant_logits_match_transformers(build, tmp_path):
     expected = reference(ids).logits
     got = ours(ids, torch.arange(200), KVCache.allocate(ours.config, 256))
     assert float((got - expected).norm() / expected.norm()) < 1e-4
+
+
+def test_half_precision_load_keeps_rope_frequencies_fp32(tmp_path):
+    from models.decoder import rope_inv_freq
+
+    llama3_scaled().save_pretrained(tmp_path)
+    ours = load_decoder(tmp_path, dtype=torch.bfloat16)
+    assert next(ours.parameters()).dtype == torch.bfloat16
+    assert ours.inv_freq.dtype == torch.float32
+    assert torch.equal(ours.inv_freq, rope_inv_freq(ours.config))

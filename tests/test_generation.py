@@ -131,3 +131,20 @@ def test_prompt_longer_than_cache_raises_context_overflow(fresh_decoder):
     gen = fresh_decoder.generate([1] * (fresh_decoder.capacity_tokens + 1), GenerationOptions())
     with pytest.raises(ContextOverflow):
         list(gen)
+
+
+def test_a_second_generation_while_one_is_open_is_refused_not_deadlocked(fresh_decoder, tokenizer):
+    ids = tokenizer.encode("Hello there", add_special_tokens=False)
+    first = iter(fresh_decoder.generate(ids, GenerationOptions(max_new_tokens=8)))
+    next(first)
+    with pytest.raises(RuntimeError, match="still running"):
+        list(fresh_decoder.generate(ids, GenerationOptions(max_new_tokens=2)))
+    first.close()
+    assert len(list(fresh_decoder.generate(ids, GenerationOptions(max_new_tokens=2)))) == 2
+
+
+def test_iterating_a_finished_reply_again_records_nothing_twice(fresh_decoder, tokenizer):
+    dialogue = make_dialogue(fresh_decoder, tokenizer, max_new_tokens=4)
+    reply, _ = run_reply(dialogue, "Hi!")
+    assert list(reply) == []
+    assert len(dialogue.turns) == len(dialogue.transcript) == 1
