@@ -127,11 +127,8 @@ class Attention(nn.Module):
         v_cache.index_copy_(2, slot, v.to(v_cache.dtype))
         keys = k_cache[:, :, :kv_len].to(q.dtype)
         values = v_cache[:, :, :kv_len].to(q.dtype)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        # enable_gqa lets each KV head serve its query group without copying the cache.
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
