@@ -18,7 +18,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: an unset flag leaves no attribute, so `assistant --model X chat` keeps X.
     parser.argument_default = argparse.SUPPRESS
     g = parser.add_argument_group("settings (override the config file and ASSISTANT_* variables)")
-    g.add_argument("--config", type=Path, help="TOML settings file (default ~/.config/assistant/config.toml)")
+    g.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML settings file (default ~/.config/assistant/config.toml)",
+    )
     g.add_argument(
         "--store", dest="models.store_dir", metavar="DIR", help="model store (default ~/.cache/assistant)"
     )
@@ -29,19 +34,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="LLM: store name, local HF folder or hub id",
     )
     g.add_argument("--backend", dest="decoder.backend", choices=["pytorch"], help="decoder backend")
-    g.add_argument("--device", dest="decoder.device", help="auto, cpu, cuda, cuda:N")
+    g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
     g.add_argument(
-        "--context-tokens", dest="decoder.context_tokens", type=int, help="KV cache size in tokens"
+        "--context-tokens",
+        dest="decoder.context_tokens",
+        type=int,
+        metavar="N",
+        help="KV cache size in tokens",
     )
-    g.add_argument("--threads", dest="decoder.threads", type=int, help="CPU threads (0 = auto)")
-    g.add_argument("--max-new-tokens", dest="generation.max_new_tokens", type=int)
-    g.add_argument("--temperature", dest="generation.temperature", type=float, help="0 = greedy")
-    g.add_argument("--top-k", dest="generation.top_k", type=int)
-    g.add_argument("--top-p", dest="generation.top_p", type=float)
-    g.add_argument("--repetition-penalty", dest="generation.repetition_penalty", type=float)
-    g.add_argument("--seed", dest="generation.seed", type=int)
-    g.add_argument("--system-prompt", dest="dialogue.system_prompt")
+    g.add_argument("--threads", dest="decoder.threads", type=int, metavar="N", help="CPU threads (0 = auto)")
+    g.add_argument("--max-new-tokens", dest="generation.max_new_tokens", type=int, metavar="N")
+    g.add_argument("--temperature", dest="generation.temperature", type=float, metavar="T", help="0 = greedy")
+    g.add_argument("--top-k", dest="generation.top_k", type=int, metavar="K")
+    g.add_argument("--top-p", dest="generation.top_p", type=float, metavar="P")
+    g.add_argument("--repetition-penalty", dest="generation.repetition_penalty", type=float, metavar="X")
+    g.add_argument("--seed", dest="generation.seed", type=int, metavar="N")
+    g.add_argument("--system-prompt", dest="dialogue.system_prompt", metavar="TEXT")
     parser.add_argument("-v", "--verbose", action="count", help="log more (-vv for debug)")
 
 
