@@ -1,0 +1,160 @@
+"""Streaming endpointing with the Silero VAD v6 model that ships inside faster-whisper."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from assistant.events import Event, SpeechEnded, SpeechStarted
+
+SAMPLE_RATE_HZ = 16000
+CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
+CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
+CHUNK_NS = CHUNK_SAMPLES * 1_000_000_000 // SAMPLE_RATE_HZ
+
+
+@dataclass(frozen=True)
+class VadOptions:
+    """Endpointing thresholds.
+
+    A turn needs ``min_speech_ms`` of speech; it ends after ``end_silence_ms`` of silence
+    (400 ms: shorter cuts people off at commas and breaths, longer adds directly to
+    voice-to-voice latency; see docs). ``pre_roll_ms`` of audio before the onset is kept so
+    soft first syllables reach ASR. An utterance longer than ``max_utterance_s`` is cut into a
+    turn and the rest starts the next one.
+    """
+
+    threshold: float = 0.5
+    neg_threshold: float = 0.35
+    min_speech_ms: int = 250
+    end_silence_ms: int = 400
+    pre_roll_ms: int = 300
+    max_utterance_s: float = 20.0
+
+
+def silero_model_path() -> str:
+    """The Silero VAD v6 ONNX file inside the faster-whisper package."""
+    from faster_whisper.utils import get_assets_path
+
+    return os.path.join(get_assets_path(), "silero_vad_v6.onnx")
+
+
+class SileroStream:
+    """Silero VAD run chunk by chunk, carrying its recurrent state between calls."""
+
+    def __init__(self, model_path: str | None = None) -> None:
+        import onnxruntime
+
+        opts = onnxruntime.SessionOptions()
+        opts.inter_op_num_threads = 1
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 4
+        self.session = onnxruntime.InferenceSession(
+            model_path or silero_model_path(), providers=["CPUExecutionProvider"], sess_options=opts
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the recurrent state (start of a new stream)."""
+        self.h = np.zeros((1, 1, 128), np.float32)
+        self.c = np.zeros((1, 1, 128), np.float32)
+        self.context = np.zeros(CONTEXT_SAMPLES, np.float32)
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        """Speech probability of one 512-sample chunk."""
+        window = np.concatenate([self.context, chunk])[None, :]
+        prob, self.h, self.c = self.session.run(None, {"input": window, "h": self.h, "c": self.c})
+        self.context = chunk[-CONTEXT_SAMPLES:]
+        return float(prob.reshape(-1)[0])
+
+
+class Endpointer:
+    """Turns a stream of 16 kHz samples into ``SpeechStarted`` / ``SpeechEnded`` events.
+
+    Feed it any number of samples with the monotonic time at which the last of them was
+    captured; it runs the VAD per 32 ms chunk and keeps its own buffers.
+    """
+
+    def __init__(self, options: VadOptions, model: SileroStream | None = None) -> None:
+        self.options = options
+        self.model = model or SileroStream()
+        self.pending = np.zeros(0, np.float32)
+        pre_chunks = max(1, options.pre_roll_ms * SAMPLE_RATE_HZ // 1000 // CHUNK_SAMPLES)
+        self.pre_roll: deque[np.ndarray] = deque(maxlen=pre_chunks)
+        self.next_turn_id = 1
+        self._reset_utterance()
+
+    def _reset_utterance(self) -> None:
+        self.in_speech = False
+        self.turn_id = 0  # non-zero once the speech is long enough to be a turn
+        self.chunks: list[np.ndarray] = []
+        self.speech_chunks = 0
+        self.silence_chunks = 0
+        self.onset_t_ns = 0
+        self.last_speech_t_ns = 0
+
+    def reset(self) -> None:
+        """Drop any partial utterance and VAD state (e.g. after the mic was muted)."""
+        self.model.reset()
+        self.pending = np.zeros(0, np.float32)
+        self.pre_roll.clear()
+        self._reset_utterance()
+
+    def feed(self, samples: np.ndarray, t_ns: int) -> list[Event]:
+        """Add samples (float32 mono 16 kHz) captured up to ``t_ns``; return finished events."""
+        self.pending = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
+        n_chunks = self.pending.size // CHUNK_SAMPLES
+        events: list[Event] = []
+        # Time of the end of each complete chunk, counting back from the newest sample.
+        t_first_end = t_ns - (self.pending.size - CHUNK_SAMPLES) * 1_000_000_000 // SAMPLE_RATE_HZ
+        for i in range(n_chunks):
+            chunk = self.pending[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+            events.extend(self._step(chunk, t_first_end + i * CHUNK_NS))
+        self.pending = self.pending[n_chunks * CHUNK_SAMPLES :].copy()
+        return events
+
+    def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
+        opts = self.options
+        prob = self.model(chunk)
+        speech = prob >= opts.threshold or (self.in_speech and prob >= opts.neg_threshold)
+        if not self.in_speech:
+            if not speech:
+                self.pre_roll.append(chunk)
+                return []
+            self.in_speech = True
+            self.onset_t_ns = t_end_ns - CHUNK_NS
+            self.chunks = list(self.pre_roll)
+        self.chunks.append(chunk)
+        if speech:
+            self.speech_chunks += 1
+            self.silence_chunks = 0
+            self.last_speech_t_ns = t_end_ns
+        else:
+            self.silence_chunks += 1
+        events: list[Event] = []
+        if not self.turn_id and self.speech_chunks * CHUNK_NS >= opts.min_speech_ms * 1_000_000:
+            # Long enough not to be a click or a cough: from here on it is a turn.
+            self.turn_id = self._start_turn(self.onset_t_ns, events)
+        ended = self.silence_chunks * CHUNK_NS >= opts.end_silence_ms * 1_000_000
+        cut = not ended and len(self.chunks) * CHUNK_NS >= opts.max_utterance_s * 1e9
+        if not (ended or cut):
+            return events
+        if self.turn_id:
+            audio = np.concatenate(self.chunks)
+            events.append(SpeechEnded(self.turn_id, t_end_ns, self.last_speech_t_ns, audio, cut))
+        self._reset_utterance()
+        self.pre_roll.clear()
+        if cut:  # the speaker goes on: the rest opens the next turn at once, nothing is dropped
+            self.in_speech = True
+            self.onset_t_ns = self.last_speech_t_ns = t_end_ns
+            self.turn_id = self._start_turn(t_end_ns, events)
+        return events
+
+    def _start_turn(self, onset_t_ns: int, events: list[Event]) -> int:
+        turn = self.next_turn_id
+        self.next_turn_id += 1
+        events.append(SpeechStarted(turn, onset_t_ns))
+        return turn

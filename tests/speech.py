@@ -1,0 +1,31 @@
+"""Real test utterances: espeak-ng speech resampled by sox to 16 kHz mono float32."""
+
+from __future__ import annotations
+
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE_HZ = 16000
+
+
+def speak(text: str, folder: Path, name: str = "utterance", speed_wpm: int = 160) -> np.ndarray:
+    """Synthesize ``text`` with espeak-ng and return 16 kHz mono float32 samples."""
+    raw, out = folder / f"{name}-raw.wav", folder / f"{name}.wav"
+    subprocess.run(["espeak-ng", "-s", str(speed_wpm), "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE_HZ), "-c", "1", "-b", "16", str(out)], check=True)
+    return read_wav(out)
+
+
+def read_wav(path: Path) -> np.ndarray:
+    """16-bit PCM WAV -> float32 in [-1, 1]."""
+    with wave.open(str(path)) as w:
+        assert w.getframerate() == SAMPLE_RATE_HZ and w.getnchannels() == 1
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+
+
+def silence(seconds: float) -> np.ndarray:
+    """Digital silence."""
+    return np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)
