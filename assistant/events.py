@@ -39,3 +39,68 @@ class SpeechEnded(Event):
     def duration_ms(self) -> float:
         """Length of ``audio`` in milliseconds."""
         return 1000.0 * self.audio.size / 16000
+
+
+@dataclass(frozen=True)
+class TranscriptReady(Event):
+    """ASR finished; ``t_ns`` is when the text was available."""
+
+    text: str = ""
+    asr_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class PromptSubmitted(Event):
+    """The prompt went to the decoder (start of TTFT)."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TokenGenerated(Event):
+    """A reply token reached the host; ``text`` is what it made printable (may be empty)."""
+
+    index: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class SentenceReady(Event):
+    """The splitter completed a sentence of the reply."""
+
+    index: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class AudioReady(Event):
+    """TTS rendered a sentence; ``audio_ms`` is its length."""
+
+    index: int = 0
+    audio_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class AudioStarted(Event):
+    """The first sample of the reply was handed to the output device (or the output file)."""
+
+
+@dataclass(frozen=True)
+class PlaybackEnded(Event):
+    """The reply finished playing (or was stopped)."""
+
+
+@dataclass(frozen=True)
+class TurnCancelled(Event):
+    """The turn stopped early (barge-in, Ctrl-C); ``heard_text`` is the part that was played."""
+
+    reason: str = ""
+    heard_text: str = ""
+
+
+@dataclass(frozen=True)
+class TurnDone(Event):
+    """The turn is over; ``record`` is its latency record (``assistant.latency.TurnRecord``)."""
+
+    record: object = None

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from assistant.audio import SAMPLE_RATE_HZ
 from assistant.events import Event, SpeechEnded, SpeechStarted
 
-SAMPLE_RATE_HZ = 16000
 CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
 CHUNK_NS = CHUNK_SAMPLES * 1_000_000_000 // SAMPLE_RATE_HZ

@@ -1,0 +1,266 @@
+"""Microphone capture and speaker playback with sounddevice (PortAudio), and device listing.
+
+The PortAudio callbacks only copy samples and read the clock; resampling, VAD and logging
+happen on the consumer's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE_HZ = 16000
+
+
+class AudioDeviceError(RuntimeError):
+    """No usable audio device, or the chosen one cannot be opened."""
+
+
+@dataclass(frozen=True)
+class AudioOptions:
+    """Devices by name substring or index (``None``: the system default) and block size."""
+
+    input_device: str | None = None
+    output_device: str | None = None
+    block_ms: int = 32
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One PortAudio device."""
+
+    index: int
+    name: str
+    inputs: int
+    outputs: int
+    default_rate_hz: float
+    is_default_input: bool
+    is_default_output: bool
+
+
+def _sd() -> Any:
+    try:
+        import sounddevice
+    except OSError as e:  # the PortAudio shared library is missing
+        raise AudioDeviceError(f"PortAudio not found ({e}): apt-get install libportaudio2") from e
+    return sounddevice
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every input and output device PortAudio reports."""
+    sd = _sd()
+    try:
+        devices = sd.query_devices()
+        default_in, default_out = sd.default.device
+    except sd.PortAudioError as e:
+        raise AudioDeviceError(f"cannot list audio devices: {e}") from e
+    return [
+        DeviceInfo(
+            i,
+            d["name"],
+            d["max_input_channels"],
+            d["max_output_channels"],
+            d["default_samplerate"],
+            i == default_in,
+            i == default_out,
+        )
+        for i, d in enumerate(devices)
+    ]
+
+
+def find_device(spec: str | None, kind: str) -> int | None:
+    """Index of the device matching ``spec`` (index or name substring); None for the default.
+
+    Raises:
+        AudioDeviceError: Nothing matches, or there is no device of that kind at all.
+    """
+    devices = list_devices()
+    usable = [d for d in devices if (d.inputs if kind == "input" else d.outputs) > 0]
+    if not usable:
+        raise AudioDeviceError(f"no audio {kind} device found (see 'assistant devices')")
+    if spec is None or spec == "":
+        return None
+    if spec.isdigit():
+        matches = [d for d in usable if d.index == int(spec)]
+    else:
+        matches = [d for d in usable if spec.lower() in d.name.lower()]
+    if not matches:
+        names = ", ".join(f"{d.index}: {d.name}" for d in usable)
+        raise AudioDeviceError(f"no {kind} device matches {spec!r}; available: {names}")
+    return matches[0].index
+
+
+def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
+    """Resample mono float32 audio (speech-grade, no extra dependency).
+
+    Downsampling first low-passes with a windowed sinc; then linear interpolation.
+    """
+    if from_hz == to_hz or audio.size == 0:
+        return audio.astype(np.float32, copy=False)
+    if from_hz > to_hz:  # keep content above the new Nyquist from aliasing into speech
+        cutoff = 0.45 * to_hz / from_hz  # cycles per input sample, a bit under Nyquist
+        n = np.arange(-32, 33)
+        taps = 2 * cutoff * np.sinc(2 * cutoff * n) * np.hamming(n.size)
+        audio = np.convolve(audio, taps / taps.sum(), mode="same")
+    n_out = int(round(audio.size * to_hz / from_hz))
+    t_in = np.arange(n_out) * (from_hz / to_hz)
+    return np.interp(t_in, np.arange(audio.size), audio).astype(np.float32)
+
+
+class Microphone:
+    """A 16 kHz mono input stream; ``read()`` returns ``(samples, t_ns)`` blocks.
+
+    ``t_ns`` is the monotonic time at which the block's last sample was delivered. When the
+    device cannot capture at 16 kHz it is opened at its own rate and resampled in ``read()``.
+    """
+
+    def __init__(self, options: AudioOptions) -> None:
+        sd = _sd()
+        self.device = find_device(options.input_device, "input")
+        info = sd.query_devices(self.device, "input")
+        self.name = info["name"]
+        self.rate_hz = SAMPLE_RATE_HZ
+        try:
+            sd.check_input_settings(self.device, channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32")
+        except sd.PortAudioError:
+            self.rate_hz = int(info["default_samplerate"])
+        self.blocks: queue.Queue[tuple[np.ndarray, int]] = queue.Queue(maxsize=2000)
+        self.overflows = 0
+        try:
+            self.stream = sd.InputStream(
+                device=self.device,
+                channels=1,
+                samplerate=self.rate_hz,
+                dtype="float32",
+                blocksize=self.rate_hz * options.block_ms // 1000,
+                callback=self._callback,
+            )
+        except sd.PortAudioError as e:
+            raise AudioDeviceError(f"cannot open input device {self.name!r}: {e}") from e
+
+    def _callback(self, indata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
+        try:
+            self.blocks.put_nowait((indata[:, 0].copy(), time.monotonic_ns()))
+        except queue.Full:
+            self.overflows += 1
+
+    def start(self) -> None:
+        """Start capturing."""
+        self.stream.start()
+
+    def read(self, timeout_s: float = 0.1) -> tuple[np.ndarray, int] | None:
+        """The next block at 16 kHz, or None after ``timeout_s`` without one."""
+        try:
+            block, t_ns = self.blocks.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        return resample(block, self.rate_hz, SAMPLE_RATE_HZ), t_ns
+
+    def drain(self) -> None:
+        """Drop captured blocks not read yet (e.g. what the mic heard while it was gated)."""
+        while not self.blocks.empty():
+            self.blocks.get_nowait()
+
+    def close(self) -> None:
+        """Stop and close the stream."""
+        self.stream.stop()
+        self.stream.close()
+
+
+@dataclass
+class _Segment:
+    turn_id: int
+    audio: np.ndarray
+    played: int = 0
+
+
+class Speaker:
+    """An output stream that plays queued segments and can be stopped mid-sentence.
+
+    The callback records, per turn, when the first sample was handed to the device and how
+    many samples of each segment were played (so a barge-in knows what the user heard).
+    """
+
+    def __init__(self, options: AudioOptions) -> None:
+        sd = _sd()
+        self.device = find_device(options.output_device, "output")
+        info = sd.query_devices(self.device, "output")
+        self.name = info["name"]
+        self.rate_hz = SAMPLE_RATE_HZ
+        try:
+            sd.check_output_settings(self.device, channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32")
+        except sd.PortAudioError:
+            self.rate_hz = int(info["default_samplerate"])
+        self._lock = threading.Lock()
+        self._segments: deque[_Segment] = deque()
+        self.first_audio_t_ns: dict[int, int] = {}
+        self.played_samples: dict[int, int] = {}  # per turn, counted at 16 kHz
+        self.idle = threading.Event()
+        self.idle.set()
+        try:
+            self.stream = sd.OutputStream(
+                device=self.device,
+                channels=1,
+                samplerate=self.rate_hz,
+                dtype="float32",
+                blocksize=self.rate_hz * options.block_ms // 1000,
+                callback=self._callback,
+            )
+        except sd.PortAudioError as e:
+            raise AudioDeviceError(f"cannot open output device {self.name!r}: {e}") from e
+        self.stream.start()
+
+    def _callback(self, outdata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
+        out = outdata[:, 0]
+        filled = 0
+        with self._lock:
+            while filled < frames and self._segments:
+                seg = self._segments[0]
+                if seg.turn_id not in self.first_audio_t_ns:
+                    self.first_audio_t_ns[seg.turn_id] = time.monotonic_ns()
+                n = min(frames - filled, seg.audio.size - seg.played)
+                out[filled : filled + n] = seg.audio[seg.played : seg.played + n]
+                seg.played += n
+                filled += n
+                self.played_samples[seg.turn_id] = (
+                    self.played_samples.get(seg.turn_id, 0) + n * SAMPLE_RATE_HZ // self.rate_hz
+                )
+                if seg.played >= seg.audio.size:
+                    self._segments.popleft()
+            if not self._segments:
+                self.idle.set()
+        out[filled:] = 0.0
+
+    def play(self, turn_id: int, audio: np.ndarray) -> None:
+        """Queue 16 kHz mono audio behind whatever is playing."""
+        audio = resample(audio, SAMPLE_RATE_HZ, self.rate_hz)
+        if audio.size == 0:
+            return
+        with self._lock:
+            self._segments.append(_Segment(turn_id, audio))
+            self.idle.clear()
+
+    def stop(self) -> None:
+        """Drop everything queued, mid-sentence included; returns at once."""
+        with self._lock:
+            self._segments.clear()
+            self.idle.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the queue has played out; False on timeout."""
+        return self.idle.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop playback and close the stream."""
+        self.stop()
+        self.stream.stop()
+        self.stream.close()
