@@ -51,6 +51,35 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--repetition-penalty", dest="generation.repetition_penalty", type=float, metavar="X")
     g.add_argument("--seed", dest="generation.seed", type=int, metavar="N")
     g.add_argument("--system-prompt", dest="dialogue.system_prompt", metavar="TEXT")
+    g.add_argument(
+        "--mic", dest="audio.input_device", metavar="DEVICE", help="input device: index or name part"
+    )
+    g.add_argument(
+        "--speaker", dest="audio.output_device", metavar="DEVICE", help="output device: index or name part"
+    )
+    g.add_argument(
+        "--asr-model",
+        dest="asr.model",
+        metavar="NAME|DIR",
+        help="faster-whisper model (default whisper-tiny.en)",
+    )
+    g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
+    g.add_argument(
+        "--voice", dest="tts.voice", metavar="VOICE", help="TTS voice (id or name part, e.g. en-us)"
+    )
+    g.add_argument(
+        "--tts-rate", dest="tts.rate_wpm", type=int, metavar="WPM", help="speaking rate, words per minute"
+    )
+    g.add_argument(
+        "--end-silence-ms", dest="vad.end_silence_ms", type=int, metavar="MS", help="silence that ends a turn"
+    )
+    g.add_argument(
+        "--barge-in",
+        dest="pipeline.barge_in",
+        action="store_const",
+        const=True,
+        help="let speech interrupt the reply (use a headset: with speakers it hears itself)",
+    )
     parser.add_argument("-v", "--verbose", action="count", help="log more (-vv for debug)")
 
 
@@ -64,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     chat = sub.add_parser("chat", help="text chat on stdin/stdout with a latency line per turn")
     _common(chat)
+    run = sub.add_parser("run", help="the voice loop without the UI: a WAV file, or the live devices")
+    run.add_argument(
+        "--input", type=Path, metavar="WAV", help="answer the question in this WAV file, then exit"
+    )
+    run.add_argument("--output", type=Path, metavar="WAV", help="with --input: write the spoken reply here")
+    run.add_argument(
+        "--log", type=Path, metavar="JSONL", help="append one JSON line per turn (latency record)"
+    )
+    run.add_argument("--no-tui", action="store_true", help="live microphone and speaker, events on stdout")
+    _common(run)
+    devices = sub.add_parser("devices", help="list audio input and output devices")
+    _common(devices)
     models = sub.add_parser("models", help="bundled models: fetch, list")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch = models_sub.add_parser("fetch", help="download and convert the bundled models")
@@ -107,6 +148,51 @@ def _chat(settings: Settings) -> int:
     return run_chat(dialogue)
 
 
+def _devices() -> int:
+    from assistant.audio import list_devices
+
+    devices = list_devices()
+    if not devices:
+        print("no audio devices found")
+    for d in devices:
+        marks = ("*in " if d.is_default_input else "") + ("*out" if d.is_default_output else "")
+        print(
+            f"{d.index:3} {d.name:40} in {d.inputs:2}  out {d.outputs:2}  {d.default_rate_hz:7.0f} Hz {marks}"
+        )
+    return 0
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from assistant.asr import Transcriber, load_wav
+    from assistant.dialogue import Dialogue
+    from assistant.llm import load_llm
+    from assistant.pipeline import PipelineOptions, VoicePipeline
+    from assistant.tts import SentenceSplitter, Synthesizer
+    from assistant.voice import ConsoleReporter, run_file, run_live
+
+    input_wav: Path | None = getattr(args, "input", None)
+    audio = load_wav(input_wav) if input_wav else None  # a bad file fails before models load
+    mic = speaker = None
+    if audio is None:
+        from assistant.audio import Microphone, Speaker
+
+        mic, speaker = Microphone(settings.audio), Speaker(settings.audio)
+    decoder, tokenizer = load_llm(settings.models, settings.decoder)
+    dialogue = Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options())
+    transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
+    logger.info("warm-up: asr %.0f ms, llm %.0f ms", transcriber.warm_up(), dialogue.warm_up())
+    options = PipelineOptions(barge_in=settings.pipeline.barge_in, log_path=getattr(args, "log", None))
+    with Synthesizer(settings.tts) as synthesizer:
+        reporter = ConsoleReporter()
+        pipeline = VoicePipeline(
+            dialogue, transcriber, synthesizer, SentenceSplitter, options, reporter, settings.models.llm
+        )
+        if input_wav is not None and audio is not None:
+            record = run_file(pipeline, settings.vad, audio, input_wav, getattr(args, "output", None))
+            return 0 if not record.cancelled else 1
+        return run_live(pipeline, mic, speaker, settings.vad)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``assistant`` console script."""
     args = build_parser().parse_args(argv)
@@ -116,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings(args)
         if args.command == "models":
             return _models(args, settings)
+        if args.command == "devices":
+            return _devices()
+        if args.command == "run":
+            return _run(args, settings)
         return _chat(settings)
-    except (ConfigError, ModelNotFound, CorruptModel, FetchError, ValueError) as e:
+    except (ConfigError, ModelNotFound, CorruptModel, FetchError, ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -13,8 +13,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
+from assistant.asr import AsrOptions
+from assistant.audio import AudioOptions
+from assistant.tts import TtsOptions
+from assistant.vad import VadOptions
 from engines.base import GenerationOptions
 from models.store import DEFAULT_LLM
 
@@ -94,6 +98,13 @@ class DialogueSettings:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
 
 
+@dataclass(frozen=True)
+class PipelineSettings:
+    """Turn taking: ``barge_in`` lets user speech interrupt the reply (use a headset)."""
+
+    barge_in: bool = False
+
+
 @dataclass
 class Settings:
     """The whole settings tree; each stage receives only its section."""
@@ -102,9 +113,19 @@ class Settings:
     decoder: DecoderSettings = field(default_factory=DecoderSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     dialogue: DialogueSettings = field(default_factory=DialogueSettings)
+    audio: AudioOptions = field(default_factory=AudioOptions)
+    vad: VadOptions = field(default_factory=VadOptions)
+    asr: AsrOptions = field(default_factory=AsrOptions)
+    tts: TtsOptions = field(default_factory=TtsOptions)
+    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
 
 
 def _coerce(kind: Any, value: Any, where: str) -> Any:
+    args = get_args(kind)
+    if type(None) in args:  # X | None: "none" or "" mean None
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none")):
+            return None
+        kind = next(a for a in args if a is not type(None))
     try:
         if kind is bool:
             if isinstance(value, str):
@@ -129,7 +150,8 @@ def _apply(settings: Settings, section: str, key: str, value: Any, where: str) -
     if key not in hints:
         known = ", ".join(f.name for f in dataclasses.fields(target))
         raise ConfigError(f"{where}: unknown key {key!r} in [{section}] (known: {known})")
-    setattr(target, key, _coerce(hints[key], value, where))
+    # Stage options are frozen dataclasses: replace the section rather than mutate it.
+    setattr(settings, section, dataclasses.replace(target, **{key: _coerce(hints[key], value, where)}))
 
 
 def load_settings(

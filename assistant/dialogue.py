@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +126,17 @@ class Dialogue:
                 return PromptPlan(ids, len(self.turns), cut, text)
             cut += max(len(ids) - budget, 1)
 
+    def warm_up(self) -> float:
+        """Run the decoder once (prefill and a decode step) so the first turn is not cold.
+
+        The system prompt stays in the KV cache, so the first real turn reuses it. Returns ms.
+        """
+        start = time.monotonic_ns()
+        ids = self._render([], "Hello")
+        logits = self.decoder.prefill(ids)
+        self.decoder.decode(int(logits.argmax()))
+        return (time.monotonic_ns() - start) / 1e6
+
     def ask(self, user_text: str, cancel: threading.Event | None = None) -> Reply:
         """Start the reply to ``user_text``; lazy: iterate the result to generate."""
         plan = self.plan(user_text)
@@ -132,6 +144,12 @@ class Dialogue:
             logger.info("%s", line)
         generation = self.decoder.generate(plan.ids, self.options, cancel)
         return Reply(user_text, plan, iter(generation), generation.stats, self._record)
+
+    def revise_last_reply(self, heard_text: str) -> None:
+        """Replace the last reply with the part the user actually heard (after a barge-in)."""
+        if self.turns:
+            self.turns[-1] = Turn(self.turns[-1].user, heard_text)
+            self.transcript[-1] = Turn(self.transcript[-1].user, heard_text)
 
     def _record(self, reply: Reply) -> None:
         kept = self.turns[reply.plan.dropped_turns :]

@@ -11,10 +11,12 @@ import numpy as np
 SAMPLE_RATE_HZ = 16000
 
 
-def speak(text: str, folder: Path, name: str = "utterance", speed_wpm: int = 160) -> np.ndarray:
+def speak(
+    text: str, folder: Path, name: str = "utterance", speed_wpm: int = 160, voice: str = "en-us"
+) -> np.ndarray:
     """Synthesize ``text`` with espeak-ng and return 16 kHz mono float32 samples."""
     raw, out = folder / f"{name}-raw.wav", folder / f"{name}.wav"
-    subprocess.run(["espeak-ng", "-s", str(speed_wpm), "-w", str(raw), text], check=True)
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE_HZ), "-c", "1", "-b", "16", str(out)], check=True)
     return read_wav(out)
 

@@ -90,3 +90,59 @@ def test_settings_errors_name_the_source(tmp_path):
         load_settings(cfg, env={})
     with pytest.raises(ConfigError, match=r"\$ASSISTANT_DECODER_THREADS.*int"):
         load_settings(env={"ASSISTANT_DECODER_THREADS": "many"})
+
+
+SPLIT_CASES = [
+    (
+        "The capital of France is Paris. It is famous for the Eiffel Tower! Dr. Smith lives on Main St. "
+        "in the U.S. today. Pi is 3.14 roughly.",
+        [
+            "The capital of France is Paris.",
+            "It is famous for the Eiffel Tower!",
+            "Dr. Smith lives on Main St. in the U.S. today.",
+            "Pi is 3.14 roughly.",
+        ],
+    ),
+    (
+        "You need:\n1. Eggs\n2. Milk\n3. **Flour** and more",
+        ["You need:", "1. Eggs", "2. Milk", "3. Flour and more"],
+    ),
+    ("Meet J. Smith at 5 p.m. tomorrow. Okay?", ["Meet J. Smith at 5 p.m. tomorrow.", "Okay?"]),
+    ("- first point\n- second point", ["first point", "second point"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), SPLIT_CASES)
+def test_sentence_splitter_whole_and_streamed_agree(text, expected):
+    import random
+
+    from assistant.tts import SentenceSplitter
+
+    whole = SentenceSplitter()
+    assert whole.push(text) + whole.flush() == expected
+    rng, streamed, out, i = random.Random(0), SentenceSplitter(), [], 0
+    while i < len(text):
+        n = rng.randint(1, 5)
+        out += streamed.push(text[i : i + n])
+        i += n
+    assert out + streamed.flush() == expected
+
+
+def test_sentence_splitter_releases_a_sentence_as_soon_as_the_next_one_starts():
+    from assistant.tts import SentenceSplitter
+
+    s = SentenceSplitter()
+    assert s.push("Paris is the capital.") == []  # could still be "capital.ist"; wait for more
+    assert s.push(" It") == ["Paris is the capital."]
+
+
+def test_sentence_splitter_cuts_a_run_on_sentence_for_early_speech():
+    from assistant.tts import SentenceSplitter, SplitterOptions
+
+    s = SentenceSplitter(SplitterOptions(max_chars=40))
+    parts = s.push("one two three four five six seven eight nine ten eleven twelve thirteen") + s.flush()
+    assert len(parts) >= 2 and all(len(p) <= 40 for p in parts)
+    assert (
+        " ".join(parts).split()
+        == "one two three four five six seven eight nine ten eleven twelve thirteen".split()
+    )

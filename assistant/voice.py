@@ -1,0 +1,128 @@
+"""``assistant run``: the voice loop headless, on a WAV file or on the live audio devices."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from assistant.events import Event, SentenceReady, SpeechEnded, SpeechStarted, TranscriptReady, TurnDone
+from assistant.latency import TurnRecord
+from assistant.pipeline import FileSink, LiveLoop, PipelineOptions, VoicePipeline
+from assistant.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
+
+logger = logging.getLogger(__name__)
+
+
+class NoSpeechInFile(ValueError):
+    """The input file holds no speech the VAD accepts."""
+
+
+def find_utterance(audio: np.ndarray, vad: VadOptions, path: Path) -> tuple[np.ndarray, float]:
+    """The speech of a recorded file as one utterance, and the VAD's endpointing delay in ms.
+
+    The file is run through the same streaming endpointer as the microphone (with trailing
+    silence appended, as if the speaker stopped); all speech it finds forms the turn.
+    """
+    endpointer = Endpointer(VadOptions(**{**vad.__dict__, "max_utterance_s": 1e9}))
+    padded = np.concatenate([audio, np.zeros(SAMPLE_RATE_HZ * 2, np.float32)])
+    ns_per_sample = 1e9 / SAMPLE_RATE_HZ
+    ended: list[SpeechEnded] = []
+    started: list[SpeechStarted] = []
+    for start in range(0, padded.size, CHUNK_SAMPLES):
+        block = padded[start : start + CHUNK_SAMPLES]
+        for e in endpointer.feed(block, int((start + block.size) * ns_per_sample)):
+            (ended if isinstance(e, SpeechEnded) else started).append(e)  # type: ignore[arg-type]
+    if not ended:
+        raise NoSpeechInFile(f"no speech found in {path} (silence or noise only?)")
+    first = max(int(started[0].t_ns / ns_per_sample) - vad.pre_roll_ms * SAMPLE_RATE_HZ // 1000, 0)
+    last = int(ended[-1].speech_end_t_ns / ns_per_sample)
+    delay_ms = (ended[-1].t_ns - ended[-1].speech_end_t_ns) / 1e6
+    return audio[first : max(last, first + 1)], delay_ms
+
+
+def write_wav(path: Path, audio: np.ndarray) -> None:
+    """16 kHz mono 16-bit PCM."""
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE_HZ)
+        w.writeframes(pcm.tobytes())
+
+
+def run_file(
+    pipeline: VoicePipeline, vad: VadOptions, audio: np.ndarray, src: Path, dst: Path | None
+) -> TurnRecord:
+    """One turn from a recorded question; the reply goes to ``dst`` (a WAV) if given.
+
+    Timing: the turn's clock starts as if the speaker had just stopped: the speech end is
+    placed the VAD's measured endpointing delay before processing begins.
+    """
+    speech, delay_ms = find_utterance(audio, vad, src)
+    now = time.monotonic_ns()
+    utterance = SpeechEnded(1, now, speech_end_t_ns=now - int(delay_ms * 1e6), audio=speech)
+    sink = FileSink()
+    record = pipeline.run_turn(utterance, sink, threading.Event())
+    if dst is not None:
+        write_wav(dst, sink.audio())
+    return record
+
+
+class ConsoleReporter:
+    """Prints what a user of ``run --no-tui`` wants to see, one line per event of interest."""
+
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        """Print the event if it is one a user cares about."""
+        line = None
+        if isinstance(event, SpeechStarted):
+            line = f"[turn {event.turn_id}] hearing..."
+        elif isinstance(event, TranscriptReady):
+            line = f"[turn {event.turn_id}] you: {event.text or '(nothing recognised)'}"
+        elif isinstance(event, SentenceReady):
+            line = f"[turn {event.turn_id}] assistant: {event.text}"
+        elif isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
+            line = event.record.summary()
+        if line:
+            with self.lock:
+                print(line, file=self.out, flush=True)
+
+
+def run_live(
+    pipeline: VoicePipeline, mic: Any, speaker: Any, vad: VadOptions, out: TextIO = sys.stdout
+) -> int:
+    """Listen and answer until Ctrl-C (SIGINT) or SIGTERM; closes streams and joins threads."""
+    loop = LiveLoop(pipeline, mic, speaker, Endpointer(vad))
+    done = threading.Event()
+
+    def stop(_sig: int, _frame: object) -> None:
+        done.set()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"listening on {mic.name!r}, speaking on {speaker.name!r}; Ctrl-C to quit", file=out, flush=True)
+    loop.start()
+    try:
+        while not done.wait(0.2):
+            pass
+    finally:
+        loop.stop()
+        mic.close()
+        speaker.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    print("stopped", file=out, flush=True)
+    return 0
+
+
+__all__ = ["ConsoleReporter", "NoSpeechInFile", "PipelineOptions", "run_file", "run_live", "write_wav"]
