@@ -116,6 +116,35 @@ def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
     return np.interp(t_in, np.arange(audio.size), audio).astype(np.float32)
 
 
+def _open_stream(kind: str, spec: str | None, block_ms: int, callback: Any) -> tuple[Any, str, int]:
+    """Open a mono float32 stream on the chosen device: at 16 kHz, else at the device's rate.
+
+    Returns the stream, the device name and the rate it runs at.
+    """
+    sd = _sd()
+    device = find_device(spec, kind)
+    info = sd.query_devices(device, kind)
+    check = sd.check_input_settings if kind == "input" else sd.check_output_settings
+    rate_hz = SAMPLE_RATE_HZ
+    try:
+        check(device, channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32")
+    except sd.PortAudioError:
+        rate_hz = int(info["default_samplerate"])
+    stream_type = sd.InputStream if kind == "input" else sd.OutputStream
+    try:
+        stream = stream_type(
+            device=device,
+            channels=1,
+            samplerate=rate_hz,
+            dtype="float32",
+            blocksize=rate_hz * block_ms // 1000,
+            callback=callback,
+        )
+    except sd.PortAudioError as e:
+        raise AudioDeviceError(f"cannot open {kind} device {info['name']!r}: {e}") from e
+    return stream, info["name"], rate_hz
+
+
 class Microphone:
     """A 16 kHz mono input stream; ``read()`` returns ``(samples, t_ns)`` blocks.
 
@@ -124,28 +153,11 @@ class Microphone:
     """
 
     def __init__(self, options: AudioOptions) -> None:
-        sd = _sd()
-        self.device = find_device(options.input_device, "input")
-        info = sd.query_devices(self.device, "input")
-        self.name = info["name"]
-        self.rate_hz = SAMPLE_RATE_HZ
-        try:
-            sd.check_input_settings(self.device, channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32")
-        except sd.PortAudioError:
-            self.rate_hz = int(info["default_samplerate"])
         self.blocks: queue.Queue[tuple[np.ndarray, int]] = queue.Queue(maxsize=2000)
         self.overflows = 0
-        try:
-            self.stream = sd.InputStream(
-                device=self.device,
-                channels=1,
-                samplerate=self.rate_hz,
-                dtype="float32",
-                blocksize=self.rate_hz * options.block_ms // 1000,
-                callback=self._callback,
-            )
-        except sd.PortAudioError as e:
-            raise AudioDeviceError(f"cannot open input device {self.name!r}: {e}") from e
+        self.stream, self.name, self.rate_hz = _open_stream(
+            "input", options.input_device, options.block_ms, self._callback
+        )
 
     def _callback(self, indata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
         try:
@@ -191,32 +203,15 @@ class Speaker:
     """
 
     def __init__(self, options: AudioOptions) -> None:
-        sd = _sd()
-        self.device = find_device(options.output_device, "output")
-        info = sd.query_devices(self.device, "output")
-        self.name = info["name"]
-        self.rate_hz = SAMPLE_RATE_HZ
-        try:
-            sd.check_output_settings(self.device, channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32")
-        except sd.PortAudioError:
-            self.rate_hz = int(info["default_samplerate"])
         self._lock = threading.Lock()
         self._segments: deque[_Segment] = deque()
         self.first_audio_t_ns: dict[int, int] = {}
         self.played_samples: dict[int, int] = {}  # per turn, counted at 16 kHz
         self.idle = threading.Event()
         self.idle.set()
-        try:
-            self.stream = sd.OutputStream(
-                device=self.device,
-                channels=1,
-                samplerate=self.rate_hz,
-                dtype="float32",
-                blocksize=self.rate_hz * options.block_ms // 1000,
-                callback=self._callback,
-            )
-        except sd.PortAudioError as e:
-            raise AudioDeviceError(f"cannot open output device {self.name!r}: {e}") from e
+        self.stream, self.name, self.rate_hz = _open_stream(
+            "output", options.output_device, options.block_ms, self._callback
+        )
         self.stream.start()
 
     def _callback(self, outdata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
