@@ -1,0 +1,327 @@
+"""Export the ``models/`` decoder to ONNX, once per (weights, settings), cached beside the model.
+
+The graph (names, shapes and the TensorRT notes in ``docs/engines.md``)::
+
+    input_ids               int64  [batch, sequence]
+    position_ids            int64  [batch, sequence]  values past_sequence ... past_sequence+sequence-1
+    past_key_values.N.key   cache  [batch, kv_heads, past_sequence, head_dim]    (and .value)
+    -> last_logits          fp32   [batch, vocab]     logits of the last input token
+    -> present.N.key        cache  [batch, kv_heads, past_sequence + sequence, head_dim]  (and .value)
+
+``cache`` is the graph dtype (fp32 or fp16). One graph serves prefill (``sequence`` = prompt
+length) and decode (``sequence`` = 1); ``past_sequence`` may be 0.
+
+Why past -> present concatenation and not a fixed-capacity cache updated in place
+(ScatterND): ONNX has no in-place update, so a scattered cache is a new tensor each step.
+Keeping it in place needs the runtime to alias an input with an output, which ONNX Runtime
+does not guarantee and TensorRT's ONNX parser cannot express; without aliasing the whole
+capacity is copied every step. A fixed capacity also makes every step attend over all of it
+(masked), work that grows with the capacity instead of the real context. With
+concatenation, attention covers exactly ``past_sequence + sequence`` slots, the cache length is
+an ordinary dynamic axis (what TensorRT optimization profiles describe), and cutting the
+cache back to a common prefix is just passing a shorter ``past``. The price is one copy of the
+past per step (SmolLM2 fp16: 23 KB per cached token, against 270 MB of weights read).
+
+Cache layout under the model folder::
+
+    onnx/decoder-<dtype>-<key>/decoder.onnx   (+ decoder.onnx.data above 2 GB of weights)
+    onnx/decoder-<dtype>-<key>/export.json    sha256 and size of each file; written last
+    onnx/weights.json                         weights hash memo, keyed by file size + mtime
+
+``key`` hashes the weights, the dtype, the opset and :data:`CONTRACT`. A folder whose files
+do not match ``export.json`` (truncated, corrupt, interrupted) is exported again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from models.config import DecoderConfig
+from models.weights import check_model_dir
+
+logger = logging.getLogger(__name__)
+
+OPSET = 17  # TensorRT 10.x and TensorRT-RTX parse opsets 9 to 20+; 17 is also ONNX Runtime's floor here
+CONTRACT = "past-present-concat/1"  # bump when names, layouts or semantics of the graph change
+DTYPES = ("fp32", "fp16")
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+LAST_LOGITS = "last_logits"
+GRAPH_FILE = "decoder.onnx"
+DATA_FILE = "decoder.onnx.data"
+SIDECAR = "export.json"
+# Protobuf cannot serialize a message over 2 GiB; keep a margin for the graph itself.
+EXTERNAL_DATA_BYTES = 2**31 - 2**26
+
+
+class ExportError(RuntimeError):
+    """The decoder could not be exported, or the export cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What to export: ``dtype`` ``fp32`` or ``fp16`` (weights, activations and the KV cache)."""
+
+    dtype: str = "fp32"
+    opset: int = OPSET
+
+
+@dataclass(frozen=True)
+class ExportedDecoder:
+    """An ONNX export on disk. ``export_s`` is 0 for a cache hit; ``notice`` says why not."""
+
+    path: Path
+    cache_hit: bool
+    size_bytes: int
+    metadata: dict[str, str]
+    export_s: float = 0.0
+    notice: str | None = None
+
+
+def past_names(num_layers: int) -> list[str]:
+    """Cache input names, key then value of each layer: ``past_key_values.N.key``..."""
+    return [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def present_names(num_layers: int) -> list[str]:
+    """Cache output names, in the order of :func:`past_names`: ``present.N.key``..."""
+    return [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """sha256 over ``config.json`` and the safetensors files (memoized by size and mtime)."""
+    files = sorted(p for p in model_dir.iterdir() if p.name == "config.json" or ".safetensors" in p.name)
+    stats = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
+    memo = model_dir / "onnx" / "weights.json"
+    try:
+        saved = json.loads(memo.read_text())
+        if saved["files"] == stats:
+            return str(saved["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(f"{p.name}\0{_sha256(p)}\0".encode())
+    sha = digest.hexdigest()
+    try:
+        memo.parent.mkdir(exist_ok=True)
+        memo.write_text(json.dumps({"files": stats, "sha256": sha}) + "\n")
+    except OSError as e:  # a read-only folder only costs re-hashing next time
+        logger.debug("cannot write %s: %s", memo, e)
+    return sha
+
+
+def export_folder(model_dir: Path, options: ExportOptions, weights_sha: str) -> Path:
+    """The cache folder of this export (present or not)."""
+    settings = f"{weights_sha}|{options.dtype}|opset{options.opset}|{CONTRACT}"
+    key = hashlib.sha256(settings.encode()).hexdigest()[:16]
+    return model_dir / "onnx" / f"decoder-{options.dtype}-{key}"
+
+
+def check_export(folder: Path) -> str | None:
+    """Why the export in ``folder`` is unusable, or ``None`` when every file matches its record."""
+    try:
+        files = _record(folder)["files"]
+    except FileNotFoundError:
+        return f"{folder / SIDECAR} is missing (interrupted export?)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{folder / SIDECAR} is unreadable ({e})"
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"{path} has {path.stat().st_size} bytes, {expected['size']} expected (truncated?)"
+        if _sha256(path) != expected["sha256"]:
+            return f"{path} does not match its recorded sha256 (corrupt)"
+    return None
+
+
+def _record(folder: Path) -> dict[str, Any]:
+    record = json.loads((folder / SIDECAR).read_text())
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    return record
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def export_decoder(model_dir: Path, options: ExportOptions, *, force: bool = False) -> ExportedDecoder:
+    """The ONNX export of the decoder in ``model_dir``: from the cache, or exported now.
+
+    A cached export is checked against its recorded sha256 first; a corrupt, truncated or
+    incomplete one is logged and exported again. Exporting loads the weights with PyTorch
+    (SmolLM2-135M: ~15 s on 2 cores).
+
+    Raises:
+        ExportError: Unsupported dtype, an unwritable folder, or a failed export or check.
+        ModelNotFound: No model in ``model_dir``.
+    """
+    if options.dtype not in DTYPES:
+        raise ExportError(f"ONNX export dtype {options.dtype!r} unsupported; use {' or '.join(DTYPES)}")
+    check_model_dir(model_dir)
+    weights_sha = weights_sha256(model_dir)
+    folder = export_folder(model_dir, options, weights_sha)
+    notice = "forced" if force else None
+    if folder.exists() and not force:
+        problem = check_export(folder)
+        if problem is None:
+            metadata = _record(folder)["metadata"]
+            return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), metadata)
+        notice = f"cached export unusable, exporting again: {problem}"
+        logger.warning("%s", notice)
+    start = time.monotonic()
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as tmp:
+            staged = Path(tmp) / "out"
+            metadata = _export(model_dir, options, weights_sha, staged)
+            if folder.exists():
+                shutil.rmtree(folder)
+            staged.rename(folder)
+    except OSError as e:
+        raise ExportError(f"cannot write the ONNX export under {folder.parent}: {e}") from e
+    _prune_stale(folder, weights_sha)
+    export_s = time.monotonic() - start
+    logger.info("exported %s (%s) to %s in %.1f s", model_dir.name, options.dtype, folder, export_s)
+    return ExportedDecoder(folder / GRAPH_FILE, False, _size(folder), metadata, export_s, notice)
+
+
+def _export(model_dir: Path, options: ExportOptions, weights_sha: str, out: Path) -> dict[str, str]:
+    """Trace to ONNX in ``out``, add metadata, check it, record file hashes; returns the metadata."""
+    # PyTorch is only needed on a cache miss; the ONNX Runtime backend runs without it.
+    import torch
+
+    from engines.onnx_graph import OnnxDecoder
+    from models.weights import load_decoder
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}[options.dtype]
+    model = load_decoder(model_dir, dtype=dtype)
+    config = model.config
+    raw = out / "raw"
+    raw.mkdir(parents=True)
+    past, present = past_names(config.num_layers), present_names(config.num_layers)
+    axes: dict[str, dict[int, str]] = {
+        INPUT_IDS: {0: "batch", 1: "sequence"},
+        POSITION_IDS: {0: "batch", 1: "sequence"},
+        LAST_LOGITS: {0: "batch"},
+        **{n: {0: "batch", 2: "past_sequence"} for n in past},
+        **{n: {0: "batch", 2: "total_sequence"} for n in present},
+    }
+    # Example sizes other than 0 and 1 so no axis can be mistaken for a constant.
+    past_len, seq_len = 2, 3
+    cache = [torch.zeros(1, config.num_kv_heads, past_len, config.head_dim, dtype=dtype) for _ in past]
+    ids = torch.zeros(1, seq_len, dtype=torch.long)
+    positions = torch.arange(past_len, past_len + seq_len)[None]
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            # The TorchScript exporter is deprecated in favour of dynamo (which needs
+            # onnxscript and specializes 0/1-sized axes); it still writes opset 17 directly.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            torch.onnx.export(
+                OnnxDecoder(model).eval(),
+                (ids, positions, *cache),
+                str(raw / GRAPH_FILE),
+                dynamo=False,
+                opset_version=options.opset,
+                input_names=[INPUT_IDS, POSITION_IDS, *past],
+                output_names=[LAST_LOGITS, *present],
+                dynamic_axes=axes,
+                do_constant_folding=True,
+            )
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ExportError(f"torch.onnx.export failed for {model_dir}: {e}") from e
+    del model
+    metadata = _metadata(model_dir, config, options, weights_sha, torch.__version__)
+    graph = onnx.load(str(raw / GRAPH_FILE))  # also reads external data torch wrote above 2 GB
+    graph.producer_name, graph.producer_version = "assistant", CONTRACT
+    onnx.helper.set_model_props(graph, metadata)
+    weight_bytes = sum(_tensor_bytes(t) for t in graph.graph.initializer)
+    large = weight_bytes > EXTERNAL_DATA_BYTES
+    onnx.save_model(
+        graph,
+        str(out / GRAPH_FILE),
+        save_as_external_data=large,
+        all_tensors_to_one_file=True,
+        location=DATA_FILE,
+        size_threshold=1024,
+    )
+    del graph
+    shutil.rmtree(raw)
+    try:
+        onnx.checker.check_model(str(out / GRAPH_FILE))  # a path: works above 2 GB too
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"the exported graph fails onnx.checker: {e}") from e
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(out.iterdir())}
+    (out / SIDECAR).write_text(json.dumps({"files": files, "metadata": metadata}, indent=2) + "\n")
+    return metadata
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def _metadata(
+    model_dir: Path, config: DecoderConfig, options: ExportOptions, weights_sha: str, torch_version: str
+) -> dict[str, str]:
+    source = ""
+    manifest = model_dir / "assistant-model.json"
+    if manifest.is_file():
+        source = str(json.loads(manifest.read_text()).get("source", ""))
+    values: dict[str, Any] = {
+        "model_id": model_dir.name,
+        "model_source": source,
+        "weights_sha256": weights_sha,
+        "dtype": options.dtype,
+        "opset": options.opset,
+        "cache_contract": CONTRACT,
+        "exporter": f"torch.onnx TorchScript exporter, torch {torch_version}",
+        "onnx_version": onnx.__version__,
+        "model_type": config.model_type,
+        "num_layers": config.num_layers,
+        "num_kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+    return {f"assistant.{k}": str(v) for k, v in values.items()}
+
+
+def _prune_stale(folder: Path, weights_sha: str) -> None:
+    """Delete exports of this dtype made from other weights: nothing can use them again."""
+    dtype_prefix = folder.name.rsplit("-", 1)[0] + "-"
+    for other in folder.parent.glob(f"{dtype_prefix}*"):
+        if other == folder or not other.is_dir() or other.name.startswith("."):
+            continue
+        try:
+            stale = _record(other)["metadata"]["assistant.weights_sha256"] != weights_sha
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = True
+        if stale:
+            logger.info("removing stale export %s", other)
+            shutil.rmtree(other, ignore_errors=True)

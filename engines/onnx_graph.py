@@ -1,0 +1,97 @@
+"""The export-time view of the ``models/`` decoder: the same weights and math, cache in and out.
+
+:class:`OnnxDecoder` wraps a loaded :class:`~models.decoder.Decoder` and reuses its modules
+(embeddings, norms, projections, MLPs, LM head, RoPE frequencies). Only the cache handling
+differs from ``Decoder.forward``: instead of writing a preallocated cache in place, every
+layer takes its past keys/values as inputs and returns ``concat(past, new)`` as outputs, a
+pure function that ONNX and TensorRT express without aliasing (see ``docs/engines.md``).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.decoder import Attention, Block, Decoder, _rotate_half
+
+
+class OnnxDecoder(nn.Module):
+    """``(input_ids, position_ids, *past) -> (last_logits, *present)`` over a decoder's weights.
+
+    Key slot ``j`` of the concatenated cache holds absolute position ``j``, so the causal mask
+    is ``slot <= position_ids[t]``: a pure function of an explicit input and of the past
+    length, with no data-dependent shape.
+    """
+
+    def __init__(self, model: Decoder) -> None:
+        super().__init__()
+        self.model = model
+        config = model.config
+        self.groups = config.num_heads // config.num_kv_heads
+        self.scale = config.head_dim**-0.5
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Run ``input_ids`` ``[B, T]`` after ``past`` (key, value per layer, ``[B, KVH, P, D]``).
+
+        Returns:
+            fp32 logits of the last token ``[B, V]``, then the present key and value of every
+            layer, ``[B, KVH, P + T, D]`` in the cache dtype.
+        """
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        # RoPE angles in fp32 whatever the graph dtype: positions reach thousands of radians.
+        freqs = position_ids.to(m.inv_freq.dtype)[..., None] * m.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        total = past[0].shape[2] + input_ids.shape[1]
+        slots = torch.arange(total, device=input_ids.device)
+        visible = slots[None, None, :] <= position_ids[:, :, None]  # [B, T, P + T]
+        bias = torch.zeros(visible.shape, dtype=torch.float32, device=x.device)
+        bias = bias.masked_fill(~visible, torch.finfo(torch.float32).min)[:, None, None]
+        presents: list[torch.Tensor] = []
+        for i, module in enumerate(m.layers):
+            layer = cast(Block, module)
+            h = layer.input_layernorm(x)
+            out, k, v = self._attend(layer.self_attn, h, cos, sin, bias, past[2 * i], past[2 * i + 1])
+            x = x + out
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            presents += [k, v]
+        h = m.norm(x[:, -1])  # [B, H]
+        # W @ h^T rather than h @ W^T: constant folding would store a transposed copy of W,
+        # doubling the tied embedding matrix in the file (and on the GPU).
+        logits = torch.matmul(m.lm_head.weight, h.transpose(0, 1)).transpose(0, 1).float()
+        return (logits, *presents)
+
+    def _attend(
+        self,
+        attn: Attention,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        bias: torch.Tensor,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        kvh, d = attn.num_kv_heads, attn.head_dim
+        q = attn.q_proj(x).view(b, t, attn.num_heads, d).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, kvh, d).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, kvh, d).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k = torch.cat((past_k, k.to(past_k.dtype)), dim=2)
+        v = torch.cat((past_v, v.to(past_v.dtype)), dim=2)
+        # Grouped-query attention without repeating K/V: query heads of one KV head are
+        # stacked along the time axis, [B, KVH, G * T, D] @ [B, KVH, D, S].
+        q = (q * self.scale).reshape(b, kvh, self.groups * t, d)
+        scores = torch.matmul(q, k.to(q.dtype).transpose(2, 3))
+        # Softmax in fp32 (masked with a finite minimum, never -inf): sane in fp16 graphs.
+        scores = scores.float().view(b, kvh, self.groups, t, -1) + bias
+        probs = F.softmax(scores, dim=-1).to(q.dtype).view(b, kvh, self.groups * t, -1)
+        out = torch.matmul(probs, v.to(q.dtype)).view(b, attn.num_heads, t, d)
+        return attn.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
