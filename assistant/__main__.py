@@ -1,4 +1,4 @@
-"""Command line: ``assistant [chat] | models fetch|list``; builds settings, then the stages."""
+"""Command line: ``assistant [chat] | run | devices | models fetch|list | engine export``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from assistant.config import ConfigError, Settings, load_settings
+from assistant.llm import BACKENDS
 from models.store import BUNDLED, FetchError, ModelStore
 from models.weights import CorruptModel, ModelNotFound
 
@@ -33,7 +34,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="NAME|DIR|HUB_ID",
         help="LLM: store name, local HF folder or hub id",
     )
-    g.add_argument("--backend", dest="decoder.backend", choices=["pytorch"], help="decoder backend")
+    g.add_argument("--backend", dest="decoder.backend", choices=BACKENDS, help="decoder backend")
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
     g.add_argument(
@@ -113,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(fetch)
     listing = models_sub.add_parser("list", help="models in the store with sizes")
     _common(listing)
+    engine = sub.add_parser("engine", help="decoder engines: export the ONNX graph")
+    engine_sub = engine.add_subparsers(dest="engine_command", required=True)
+    export = engine_sub.add_parser(
+        "export", help="export the decoder to ONNX (--dtype fp32|fp16), cached beside the model"
+    )
+    export.add_argument("--force", action="store_true", help="export again even when cached")
+    _common(export)
     return parser
 
 
@@ -135,6 +143,18 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     missing = [n for n in BUNDLED if not store.is_present(n)]
     if missing:
         print(f"bundled but not fetched: {', '.join(missing)}")
+    return 0
+
+
+def _engine(args: argparse.Namespace, settings: Settings) -> int:
+    from assistant.llm import onnx_dtype, resolve_llm_dir
+    from engines.onnx_export import ExportOptions, export_decoder
+
+    options = ExportOptions(dtype=onnx_dtype(settings.decoder.dtype))
+    result = export_decoder(resolve_llm_dir(settings.models), options, force=args.force)
+    state = "cache hit" if result.cache_hit else f"exported in {result.export_s:.1f} s"
+    size_mb = result.size_bytes / 1e6
+    print(f"{state}: {result.path} ({options.dtype}, opset {options.opset}, {size_mb:.0f} MB)")
     return 0
 
 
@@ -202,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings(args)
         if args.command == "models":
             return _models(args, settings)
+        if args.command == "engine":
+            return _engine(args, settings)
         if args.command == "devices":
             return _devices()
         if args.command == "run":

@@ -57,7 +57,10 @@ class ModelSettings:
 
 @dataclass
 class DecoderSettings:
-    """The LLM backend: ``pytorch`` for now; device/dtype ``auto`` pick CUDA fp16 or CPU fp32."""
+    """The LLM backend: ``pytorch`` or ``onnxruntime`` (CPU, the exported ONNX graph).
+
+    device/dtype ``auto`` pick CUDA fp16 or CPU fp32 (onnxruntime: CPU, fp32 or fp16 graph).
+    """
 
     backend: str = "pytorch"
     device: str = "auto"

@@ -13,7 +13,7 @@ from models.weights import FETCH_HINT, ModelNotFound, check_model_dir
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("pytorch",)
+BACKENDS = ("pytorch", "onnxruntime")
 
 
 def resolve_llm_dir(settings: ModelSettings) -> Path:
@@ -64,12 +64,23 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
+def onnx_dtype(dtype: str) -> str:
+    """The ONNX export dtype for a ``decoder.dtype`` setting: ``auto`` is fp32 (the CPU twin)."""
+    if dtype == "auto":
+        return "fp32"
+    if dtype not in ("fp32", "fp16"):
+        raise ValueError(f"ONNX graphs are exported in fp32 or fp16, not {dtype!r}")
+    return dtype
+
+
 def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDriver, Any]:
     """Build the configured decoder backend and its tokenizer."""
     model_dir = resolve_llm_dir(models)
     tokenizer = load_tokenizer(model_dir)
-    if decoder.backend != "pytorch":
+    if decoder.backend not in BACKENDS:
         raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
+    if decoder.backend == "onnxruntime":
+        return _load_onnxruntime(model_dir, tokenizer, decoder), tokenizer
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 
     options = TorchBackendOptions(
@@ -79,3 +90,14 @@ def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDr
         threads=decoder.threads,
     )
     return load_torch_decoder(model_dir, tokenizer, options), tokenizer
+
+
+def _load_onnxruntime(model_dir: Path, tokenizer: Any, decoder: DecoderSettings) -> DecoderDriver:
+    from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
+
+    if decoder.device not in ("auto", "cpu"):
+        raise ValueError(f"the onnxruntime backend runs on the CPU; drop --device {decoder.device}")
+    options = OnnxRuntimeOptions(
+        dtype=onnx_dtype(decoder.dtype), threads=decoder.threads, capacity_tokens=decoder.context_tokens
+    )
+    return load_onnxruntime_decoder(model_dir, tokenizer, options)
