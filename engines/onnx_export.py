@@ -28,7 +28,8 @@ Cache layout under the model folder::
     onnx/decoder-<dtype>-<key>/export.json    sha256 and size of each file; written last
     onnx/weights.json                         weights hash memo, keyed by file size + mtime
 
-``key`` hashes the weights, the dtype, the opset and :data:`CONTRACT`. A folder whose files
+``key`` hashes the weights, the dtype, the opset, :data:`CONTRACT` and the source of the code
+that builds the graph (so a code change never reuses an old export). A folder whose files
 do not match ``export.json`` (truncated, corrupt, interrupted) is exported again.
 """
 
@@ -47,6 +48,7 @@ from typing import Any
 
 import onnx
 
+import models.decoder
 from models.config import DecoderConfig
 from models.weights import check_model_dir
 
@@ -130,9 +132,17 @@ def weights_sha256(model_dir: Path) -> str:
     return sha
 
 
+def graph_code_sha256() -> str:
+    """sha256 of the code that defines the graph, so editing it invalidates cached exports."""
+    digest = hashlib.sha256()
+    for source in (Path(__file__).with_name("onnx_graph.py"), Path(__file__), Path(models.decoder.__file__)):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
 def export_folder(model_dir: Path, options: ExportOptions, weights_sha: str) -> Path:
     """The cache folder of this export (present or not)."""
-    settings = f"{weights_sha}|{options.dtype}|opset{options.opset}|{CONTRACT}"
+    settings = f"{weights_sha}|{options.dtype}|opset{options.opset}|{CONTRACT}|{graph_code_sha256()}"
     key = hashlib.sha256(settings.encode()).hexdigest()[:16]
     return model_dir / "onnx" / f"decoder-{options.dtype}-{key}"
 
@@ -210,7 +220,7 @@ def export_decoder(model_dir: Path, options: ExportOptions, *, force: bool = Fal
 
 def _export(model_dir: Path, options: ExportOptions, weights_sha: str, out: Path) -> dict[str, str]:
     """Trace to ONNX in ``out``, add metadata, check it, record file hashes; returns the metadata."""
-    # PyTorch is only needed on a cache miss; the ONNX Runtime backend runs without it.
+    # Tracing machinery is only needed on a cache miss.
     import torch
 
     from engines.onnx_graph import OnnxDecoder
@@ -300,6 +310,7 @@ def _metadata(
         "dtype": options.dtype,
         "opset": options.opset,
         "cache_contract": CONTRACT,
+        "graph_code_sha256": graph_code_sha256(),
         "exporter": f"torch.onnx TorchScript exporter, torch {torch_version}",
         "onnx_version": onnx.__version__,
         "model_type": config.model_type,
@@ -313,15 +324,17 @@ def _metadata(
 
 
 def _prune_stale(folder: Path, weights_sha: str) -> None:
-    """Delete exports of this dtype made from other weights: nothing can use them again."""
+    """Delete exports of this dtype from other weights or older graph code: none can be hit again."""
     dtype_prefix = folder.name.rsplit("-", 1)[0] + "-"
+    current = (weights_sha, graph_code_sha256())
     for other in folder.parent.glob(f"{dtype_prefix}*"):
         if other == folder or not other.is_dir() or other.name.startswith("."):
             continue
         try:
-            stale = _record(other)["metadata"]["assistant.weights_sha256"] != weights_sha
+            meta = _record(other)["metadata"]
+            made = (meta["assistant.weights_sha256"], meta.get("assistant.graph_code_sha256"))
         except (OSError, ValueError, KeyError, TypeError):
-            stale = True
-        if stale:
+            made = ("", None)
+        if made != current:
             logger.info("removing stale export %s", other)
             shutil.rmtree(other, ignore_errors=True)

@@ -52,7 +52,10 @@ class OnnxDecoder(nn.Module):
         slots = torch.arange(total, device=input_ids.device)
         visible = slots[None, None, :] <= position_ids[:, :, None]  # [B, T, P + T]
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=x.device)
-        bias = bias.masked_fill(~visible, torch.finfo(torch.float32).min)[:, None, None]
+        bias = bias.masked_fill(~visible, torch.finfo(torch.float32).min)
+        # Query heads sharing a KV head are folded into the time axis (see _attend): row
+        # g * T + t of the mask is token t's row, for every one of the G query heads.
+        bias = bias.repeat(1, self.groups, 1)[:, None]  # [B, 1, G * T, P + T]
         presents: list[torch.Tensor] = []
         for i, module in enumerate(m.layers):
             layer = cast(Block, module)
@@ -84,14 +87,15 @@ class OnnxDecoder(nn.Module):
         v = attn.v_proj(x).view(b, t, kvh, d).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        k = torch.cat((past_k, k.to(past_k.dtype)), dim=2)
-        v = torch.cat((past_v, v.to(past_v.dtype)), dim=2)
-        # Grouped-query attention without repeating K/V: query heads of one KV head are
-        # stacked along the time axis, [B, KVH, G * T, D] @ [B, KVH, D, S].
+        k = torch.cat((past_k, k), dim=2)
+        v = torch.cat((past_v, v), dim=2)
+        # Grouped-query attention without repeating K/V: the G query heads of a KV head are
+        # stacked along the time axis, so it is plain 4-D attention, [B, KVH, G * T, D] against
+        # [B, KVH, P + T, D], with the scale applied to Q before the first matmul (as TensorRT's
+        # attention fusion requires).
         q = (q * self.scale).reshape(b, kvh, self.groups * t, d)
-        scores = torch.matmul(q, k.to(q.dtype).transpose(2, 3))
-        # Softmax in fp32 (masked with a finite minimum, never -inf): sane in fp16 graphs.
-        scores = scores.float().view(b, kvh, self.groups, t, -1) + bias
-        probs = F.softmax(scores, dim=-1).to(q.dtype).view(b, kvh, self.groups * t, -1)
-        out = torch.matmul(probs, v.to(q.dtype)).view(b, attn.num_heads, t, d)
+        scores = torch.matmul(q, k.transpose(2, 3))
+        # Mask and softmax in fp32 (a finite minimum, never -inf): sane in fp16 graphs.
+        probs = F.softmax(scores.float() + bias, dim=-1).to(q.dtype)
+        out = torch.matmul(probs, v).view(b, attn.num_heads, t, d)
         return attn.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
