@@ -54,7 +54,7 @@ from models.weights import check_model_dir
 
 logger = logging.getLogger(__name__)
 
-OPSET = 17  # TensorRT 10.x and TensorRT-RTX parse opsets 9 to 20+; 17 is also ONNX Runtime's floor here
+OPSET = 17  # TensorRT 10.x parses opset 9 and up; TensorRT-RTX 1.7 accepted this export
 CONTRACT = "past-present-concat/1"  # bump when names, layouts or semantics of the graph change
 DTYPES = ("fp32", "fp16")
 INPUT_IDS = "input_ids"
