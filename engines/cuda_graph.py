@@ -4,14 +4,19 @@ Eager decoding of a small model is bound by kernel launches and Python, not by t
 SmolLM2-135M step is ~1400 small kernels. So the step runs at fixed shapes and every shape is
 captured once in a CUDA graph:
 
-- a static KV cache of ``capacity + 1`` slots; the extra (scratch) slot takes padding's K/V;
+- a static KV cache of ``capacity + 1`` slots, rounded up to a multiple of 64 (aligned rows
+  let cuBLAS use its fast kernels); the first extra (scratch) slot takes padding's K/V;
 - token ids and positions live in one static device buffer, filled by one host copy per call;
 - attention spans the whole cache, masked by position (``matmul_attention``: no SDPA dispatch);
 - a call of T tokens runs in the smallest bucket >= T: 1 for decode, 16, 32, ... for prefill.
   Buckets are left-padded and pads sit at the scratch slot, so the bucket's last row is the
   real last token and no real query ever attends a pad. Longer prompts run in chunks;
 - each replay leaves the last token's fp32 logits and their argmax in static buffers, so greedy
-  decoding reads back 8 bytes a token.
+  decoding reads back 8 bytes a token;
+- greedy decoding runs one step ahead: as soon as a token id is read, a "chain" graph starts
+  the next step on that id (copied on the device), so the driver's per-token host work overlaps
+  the GPU. If the driver then asks for anything else, the early step is simply not used: it
+  wrote only the K/V slot after the cached prefix, which is rewritten before it is ever read.
 
 All graphs share one memory pool (they never run concurrently). Off CUDA (``capture=False``)
 the same static step runs eagerly: that is how CPU tests check everything but the capture.
@@ -24,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +41,7 @@ from models.decoder import KVCache
 
 logger = logging.getLogger(__name__)
 
+SLOT_ALIGN = 64
 PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -69,8 +76,9 @@ class CudaGraphStep:
         self.capacity_tokens = capacity_tokens
         self.scratch_slot = capacity_tokens
         config = model.config
+        slots = -(-(capacity_tokens + 1) // SLOT_ALIGN) * SLOT_ALIGN
         self.cache = KVCache.allocate(
-            config, capacity_tokens + 1, dtype=self.dtype, device=self.device, separate_layers=True
+            config, slots, dtype=self.dtype, device=self.device, separate_layers=True
         )
         self.buckets = sorted({1, *options.prefill_buckets})
         width = self.buckets[-1]
@@ -84,6 +92,7 @@ class CudaGraphStep:
         self.logits = torch.zeros(1, config.vocab_size, dtype=torch.float32, device=self.device)
         self.token = torch.zeros(1, dtype=torch.long, device=self.device)
         self.sampler: DeviceSampler | None = None
+        self.ahead: tuple[int, int] | None = None  # (id, position) of a decode step already started
         self.graphs: list[torch.cuda.CUDAGraph] = []
         kind = "cuda-graph" if options.capture else "static"
         self.name = f"pytorch-{self.device.type} {PRECISION[self.dtype]} {kind}"
@@ -92,6 +101,7 @@ class CudaGraphStep:
             compute = torch.compile(self._compute, fullgraph=True)
             self.name += "+compile"
         self.runs: dict[int, Callable[[], None]] = {t: partial(self._run, t, compute) for t in self.buckets}
+        self.chain: Callable[[], None] = partial(self._chain, compute)
         if options.capture:
             start_ns = time.monotonic_ns()
             self._capture_all()
@@ -108,34 +118,43 @@ class CudaGraphStep:
         self.logits.copy_(logits)
         self.token.copy_(logits[0].argmax(dim=-1, keepdim=True))
 
+    def _chain(self, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Decode the token the last step chose, at the position already in ``inputs[1]``."""
+        self.inputs[0:1].copy_(self.token)
+        self._run(1, compute)
+
     @torch.inference_mode()
     def _capture_all(self) -> None:
         # Decode first, then prefill from the largest bucket: with torch.compile that is one
         # static compile for T=1 and one dynamic in T for every bucket; the pool is sized by
         # the largest graph and the smaller ones reuse its memory.
         pool = torch.cuda.graph_pool_handle()
+        self.chain = self._capture(self.chain, pool)
         for t in [1, *reversed(self.buckets[1:])]:
-            run = self.runs[t]
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # compile, cuBLAS handles and workspaces before capture
-                    run()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                run()
-            self.graphs.append(graph)
-            self.runs[t] = graph.replay
+            self.runs[t] = self._capture(self.runs[t], pool)
         torch.cuda.synchronize()
         for layer in (*self.cache.k, *self.cache.v):  # the warm-up runs wrote slot 0
             layer.zero_()
+
+    def _capture(self, run: Callable[[], None], pool: Any) -> Callable[[], None]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile, cuBLAS handles and workspaces before capture
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            run()
+        self.graphs.append(graph)
+        return graph.replay
 
     def _bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
     def _feed(self, token_ids: Sequence[int], start_pos: int) -> None:
         """Run ``token_ids`` at ``start_pos...``, chunk by chunk; leaves logits and token set."""
+        self.ahead = None
         ids = list(token_ids)
         width = self.buckets[-1]
         for begin in range(0, len(ids), width):
@@ -162,6 +181,19 @@ class CudaGraphStep:
         # A copy even on the CPU: the static buffer is overwritten by the next call.
         return self.logits[0].to("cpu", copy=True).numpy()
 
+    def _start_ahead(self, token: int, position: int) -> None:
+        """Start decoding ``token`` (already in ``self.token``) at ``position`` now."""
+        if position >= self.capacity_tokens:
+            return  # the driver stops there: the context is full
+        if self.staged is not None:
+            self.staged.synchronize()
+        self.host[1] = position  # bucket 1 reads its position from inputs[1]
+        self.inputs[1:2].copy_(self.staging[1:2], non_blocking=True)
+        if self.staged is not None:
+            self.staged.record()
+        self.chain()
+        self.ahead = (token, position)
+
     def begin_choosing(self, options: GenerationOptions) -> bool:
         """Choose on the device unless ``options`` need the host (repetition penalty)."""
         self.sampler = DeviceSampler(options, self.device) if supports(options) else None
@@ -172,7 +204,13 @@ class CudaGraphStep:
         """Run ``token_ids`` at ``start_pos``; return the id chosen by ``begin_choosing``'s rule."""
         if self.sampler is None:
             raise RuntimeError("forward_token before begin_choosing accepted the options")
-        self._feed(token_ids, start_pos)
-        if self.sampler.options.temperature <= 0.0:
-            return int(self.token.item())  # the graph's argmax: one 8-byte read, the only sync
-        return int(self.sampler(self.logits[0]).item())
+        single = len(token_ids) == 1
+        if not (single and self.ahead == (token_ids[0], start_pos)):
+            self._feed(token_ids, start_pos)  # else the step already runs (started ahead)
+        self.ahead = None
+        if self.sampler.options.temperature > 0.0:
+            return int(self.sampler(self.logits[0]).item())
+        token = int(self.token.item())  # the graph's argmax: one 8-byte read, the only sync
+        if single:  # decoding: the next step will most likely be this token, one slot on
+            self._start_ahead(token, start_pos + 1)
+        return token

@@ -112,6 +112,11 @@ def grouped_attention(
     scores = (rows @ keys.transpose(-1, -2)).view(b, kv_heads, group, t, -1)
     scores = torch.where(mask, scores, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    if t == 1:
+        # Decode: a matmul of 1-3 rows by the whole cache runs on a few blocks, each walking
+        # every position; a product-and-sum spreads the positions over the GPU instead.
+        out = (probs.view(b, kv_heads, group, -1, 1) * values[:, :, None]).sum(dim=-2)
+        return out.view(b, h, t, d)
     return (probs.view(b, kv_heads, group * t, -1) @ values).view(b, h, t, d)
 
 

@@ -94,6 +94,20 @@ def test_static_step_greedy_generation_is_identical_to_eager_and_stops_the_same(
     assert runs[1][1] is StopReason.MAX_TOKENS and len(runs[1][0]) == 40
 
 
+def test_a_step_started_ahead_serves_the_next_request_only_when_it_continues_exactly():
+    eager, static = drivers("qwen2")
+    options = GenerationOptions(max_new_tokens=10)
+    prompt = ids(12)
+    replies = [[c.token_id for c in d.generate(prompt, options)] for d in (eager, static)]
+    assert replies[0] == replies[1]
+    # The cache holds prompt + 9 tokens; the 10th was started ahead. Continuing with exactly
+    # that token uses the early step; a different last token must not.
+    for follow in (prompt + replies[0], prompt + replies[0][:9] + [(replies[0][9] + 1) % 320]):
+        out = [[c.token_id for c in d.generate(follow, options)] for d in (eager, static)]
+        assert out[0] == out[1]
+        assert static.step.ahead is not None
+
+
 def test_static_step_fills_the_whole_cache_and_reports_context_full():
     eager, static = drivers("llama", buckets=(16,))
     prompt = ids(CAPACITY - 5)

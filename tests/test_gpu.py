@@ -93,7 +93,12 @@ def test_cuda_half_logits_track_cpu_fp32_through_prefill_and_decode(model_dir, d
         f"{dtype} cuda_graph={cuda_graph}: max logits rel err {max(errors):.2e}, top-1 agreement {agree:.0%}"
     )
     assert max(errors) < (2e-2 if dtype == "fp16" else 5e-2)
-    assert agree >= 0.9
+    # Random weights give flat logits, so half precision may swap near-tied top tokens (bf16
+    # eager agreed on 88% in the first H200 run). Where the GPU picks another token, fp32 must
+    # rank it within rounding of its top; a wrong position or cache would pick far off.
+    for c, g in pairs:
+        assert c.max() - c[np.argmax(g)] <= 4 * np.abs(g - c).max()
+    assert agree >= 0.8
 
 
 def test_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(model_dir):
