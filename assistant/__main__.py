@@ -1,8 +1,12 @@
-"""Command line: ``assistant [chat] | run | devices | models fetch|list | engine export``."""
+"""Command line: ``assistant [chat] | run | devices | models fetch|list | engine export | bench``.
+
+Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -37,6 +41,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", dest="decoder.backend", choices=BACKENDS, help="decoder backend")
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
+    g.add_argument(
+        "--cuda-graph", dest="decoder.cuda_graph", choices=["auto", "on", "off"], help="replay CUDA graphs"
+    )
+    g.add_argument(
+        "--compile", dest="decoder.compile", action="store_const", const=True, help="torch.compile the graphs"
+    )
     g.add_argument(
         "--context-tokens",
         dest="decoder.context_tokens",
@@ -121,7 +131,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--force", action="store_true", help="export again even when cached")
     _common(export)
+    sub.add_parser(
+        "bench", help="decoder benchmark: runs scripts/bench_decoder.py (bench --help)", add_help=False
+    )
     return parser
+
+
+BENCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decoder.py"
+
+
+def _bench(argv: list[str]) -> int:
+    """Run the benchmark script's ``main`` with ``argv`` (it ships with the source checkout)."""
+    if not BENCH_SCRIPT.is_file():
+        print(
+            f"error: {BENCH_SCRIPT} not found; 'assistant bench' needs the source checkout", file=sys.stderr
+        )
+        return 2
+    sys.path.insert(0, str(BENCH_SCRIPT.parent))  # the script imports its sibling modules
+    spec = importlib.util.spec_from_file_location("bench_decoder", BENCH_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return int(module.main(argv))
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -215,6 +247,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``assistant`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
+        return _bench(argv[1:])
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(getattr(args, "verbose", 0), 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

@@ -67,6 +67,8 @@ class DecoderSettings:
     dtype: str = "auto"
     context_tokens: int = 2048
     threads: int = 0
+    cuda_graph: str = "auto"  # pytorch: auto (on for CUDA), on, off
+    compile: bool = False  # pytorch: torch.compile the CUDA graphs (slower start, faster steps)
 
 
 @dataclass

@@ -88,6 +88,8 @@ def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDr
         dtype=decoder.dtype,
         capacity_tokens=decoder.context_tokens,
         threads=decoder.threads,
+        cuda_graph=decoder.cuda_graph,
+        compile=decoder.compile,
     )
     return load_torch_decoder(model_dir, tokenizer, options), tokenizer
 

@@ -6,7 +6,7 @@ import enum
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -102,6 +102,24 @@ class StepModel(Protocol):
 
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
         """Write K/V of ``token_ids`` at ``start_pos...`` and return the last token's fp32 logits."""
+        ...
+
+
+@runtime_checkable
+class TokenStepModel(StepModel, Protocol):
+    """A step model that can also choose the next token on its device (the fast path).
+
+    Only the chosen id then crosses to the host. The rule is the driver's
+    :class:`GenerationOptions`, applied as :class:`~engines.sampling.Sampler` does; greedy
+    choices are identical to the host's, seeded sampling draws from another RNG.
+    """
+
+    def begin_choosing(self, options: GenerationOptions) -> bool:
+        """Take the rule for the next generation; False means: use ``forward`` and the host."""
+        ...
+
+    def forward_token(self, token_ids: Sequence[int], start_pos: int) -> int:
+        """Like ``forward``, but return the id chosen from the last token's logits."""
         ...
 
 

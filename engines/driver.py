@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -20,8 +20,11 @@ from engines.base import (
     StepModel,
     StopReason,
     TokenChunk,
+    TokenStepModel,
 )
 from engines.sampling import Sampler
+
+Out = TypeVar("Out")
 
 
 class Detokenizer(Protocol):
@@ -127,6 +130,13 @@ class DecoderDriver:
         Raises:
             ContextOverflow: The prompt does not fit in ``capacity_tokens``.
         """
+        return self._prefill_with(self.step.forward, prompt_ids)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Append one token at the end of the cache; return its logits."""
+        return self._append_with(self.step.forward, token_id)
+
+    def _prefill_with(self, run: Callable[[Sequence[int], int], Out], prompt_ids: Sequence[int]) -> Out:
         if not prompt_ids:
             raise ValueError("empty prompt")
         if len(prompt_ids) > self.capacity_tokens:
@@ -137,17 +147,37 @@ class DecoderDriver:
         # At least the last token runs, so its logits are fresh.
         reuse = min(common_prefix_len(self.cached_ids, prompt_ids), len(prompt_ids) - 1)
         self.cached_ids = list(prompt_ids[:reuse])
-        logits = self.step.forward(prompt_ids[reuse:], reuse)
+        out = run(prompt_ids[reuse:], reuse)
         self.cached_ids = list(prompt_ids)
-        return logits
+        return out
 
-    def decode(self, token_id: int) -> np.ndarray:
-        """Append one token at the end of the cache; return its logits."""
+    def _append_with(self, run: Callable[[Sequence[int], int], Out], token_id: int) -> Out:
         if len(self.cached_ids) >= self.capacity_tokens:
             raise ContextOverflow(f"KV cache full ({self.capacity_tokens} tokens)")
-        logits = self.step.forward([token_id], len(self.cached_ids))
+        out = run([token_id], len(self.cached_ids))
         self.cached_ids.append(token_id)
-        return logits
+        return out
+
+    def choosers(
+        self, options: GenerationOptions, context: list[int]
+    ) -> tuple[Callable[[Sequence[int]], int], Callable[[int], int]]:
+        """How one generation gets its tokens: ``(first(prompt_ids), next(last_token))``.
+
+        On the device when the step can apply ``options`` there (only the id is read back),
+        else from host logits through :class:`~engines.sampling.Sampler`, which reads
+        ``context`` (the caller appends each token to it) for the repetition penalty.
+        """
+        step = self.step
+        if isinstance(step, TokenStepModel) and step.begin_choosing(options):
+            return (
+                lambda ids: self._prefill_with(step.forward_token, ids),
+                lambda token: self._append_with(step.forward_token, token),
+            )
+        sampler = Sampler(options)
+        return (
+            lambda ids: sampler(self.prefill(ids), context),
+            lambda token: sampler(self.decode(token), context),
+        )
 
     def generate(
         self,
@@ -187,17 +217,17 @@ class StreamingGeneration:
                 common_prefix_len(d.cached_ids, self.prompt_ids), len(self.prompt_ids) - 1
             )
             stats.prefilled_tokens = len(self.prompt_ids) - max(stats.reused_tokens, 0)
-            sampler = Sampler(opts)
             text = TextStream(d.tokenizer, opts.stop_strings)
             context = list(self.prompt_ids)
+            first, following = d.choosers(opts, context)
             reason: StopReason | None = None
             try:
-                logits = d.prefill(self.prompt_ids)
+                token = -1
                 for index in range(opts.max_new_tokens):
                     if self.cancel.is_set():
                         reason = StopReason.CANCELLED
                         break
-                    token = sampler(logits, context)
+                    token = first(self.prompt_ids) if index == 0 else following(token)
                     t_ns = time.monotonic_ns()
                     if index == 0:
                         stats.t_first_token_ns = t_ns
@@ -217,7 +247,6 @@ class StreamingGeneration:
                     if len(d.cached_ids) >= d.capacity_tokens:
                         reason = StopReason.CONTEXT_FULL
                         break
-                    logits = d.decode(token)
                 if reason in (StopReason.EOS, StopReason.MAX_TOKENS, StopReason.CONTEXT_FULL):
                     rest = text.flush()
                     if rest:

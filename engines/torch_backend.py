@@ -1,4 +1,8 @@
-"""PyTorch backend: the ``models/`` decoder run eagerly on CPU (fp32) or CUDA (fp16/bf16)."""
+"""PyTorch backend: the ``models/`` decoder on CPU (fp32, eager) or CUDA (fp16/bf16).
+
+On CUDA it replays CUDA graphs by default (:mod:`engines.cuda_graph`); ``cuda_graph="off"``
+runs every step eagerly (:class:`TorchStep`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engines.base import StepModel
+from engines.cuda_graph import PRECISION, CudaGraphStep, GraphOptions
 from engines.driver import DecoderDriver, Detokenizer
 from models.config import DecoderConfig
 from models.decoder import Decoder as DecoderModel
@@ -20,6 +26,7 @@ from models.weights import load_decoder
 logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CUDA_GRAPH_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,19 @@ class TorchBackendOptions:
 
     ``device`` / ``dtype`` ``"auto"`` mean CUDA fp16 when a GPU is present, else CPU fp32.
     ``threads`` 0 means one per core, at most 4: more oversubscribes small CPUs.
+    ``cuda_graph``: ``"auto"`` replays CUDA graphs when the device is CUDA, ``"on"`` insists
+    (an error elsewhere), ``"off"`` runs eagerly. ``compile`` adds ``torch.compile`` to the
+    graphs (see :class:`~engines.cuda_graph.GraphOptions`); ``prefill_buckets`` are the
+    prompt lengths that get their own graph.
     """
 
     device: str = "auto"
     dtype: str = "auto"
     capacity_tokens: int = 2048
     threads: int = 0
+    cuda_graph: str = "auto"
+    compile: bool = False
+    prefill_buckets: tuple[int, ...] = GraphOptions.prefill_buckets
 
 
 def resolve_device(options: TorchBackendOptions) -> tuple[torch.device, torch.dtype]:
@@ -49,6 +63,20 @@ def resolve_device(options: TorchBackendOptions) -> tuple[torch.device, torch.dt
     return torch.device(device), DTYPES[dtype]
 
 
+def use_cuda_graph(options: TorchBackendOptions, device: torch.device) -> bool:
+    """Whether ``options.cuda_graph`` asks for CUDA graphs on ``device``.
+
+    Raises:
+        ValueError: An unknown mode, or ``"on"`` for a device that is not CUDA.
+    """
+    mode = options.cuda_graph
+    if mode not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graph {mode!r} unknown; use one of {', '.join(CUDA_GRAPH_MODES)}")
+    if mode == "on" and device.type != "cuda":
+        raise ValueError(f"cuda_graph 'on' needs a CUDA device, not {device}; use auto or off")
+    return mode != "off" and device.type == "cuda"
+
+
 class TorchStep:
     """Eager step function: one forward of ``models.decoder.Decoder`` per call."""
 
@@ -59,8 +87,7 @@ class TorchStep:
         self.dtype = param.dtype
         self.capacity_tokens = capacity_tokens
         self.cache = KVCache.allocate(model.config, capacity_tokens, dtype=self.dtype, device=self.device)
-        precision = {v: k for k, v in DTYPES.items()}[self.dtype]
-        self.name = f"pytorch-{self.device.type} {precision}"
+        self.name = f"pytorch-{self.device.type} {PRECISION[self.dtype]}"
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
@@ -87,6 +114,13 @@ def load_torch_decoder(
     device, dtype = resolve_device(options)
     config = DecoderConfig.from_dir(model_dir)
     capacity = min(options.capacity_tokens, config.max_position_embeddings)
+    graphs = use_cuda_graph(options, device)
     model = load_decoder(model_dir, dtype=dtype, device=device)
-    logger.info("loaded %s on %s (%s), KV cache %d tokens", model_dir, device, dtype, capacity)
-    return DecoderDriver(TorchStep(model, capacity), tokenizer, config.eos_token_ids)
+    step: StepModel
+    if graphs:
+        graph_options = GraphOptions(options.prefill_buckets, capture=True, compile=options.compile)
+        step = CudaGraphStep(model, capacity, graph_options)
+    else:
+        step = TorchStep(model, capacity)
+    logger.info("loaded %s as %s, KV cache %d tokens", model_dir, step.name, capacity)
+    return DecoderDriver(step, tokenizer, config.eos_token_ids)

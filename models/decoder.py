@@ -4,6 +4,11 @@ Only math lives here. The forward signature ``(input_ids, positions, kv_cache) -
 serves prefill (many tokens) and decode (one token) alike, so the same module exports to ONNX
 and captures in CUDA graphs: the cache has a fixed capacity and is written at the given
 positions; attention masks are derived from positions, never from data-dependent shapes.
+
+Two opt-in variants compute the same function with fewer, predictable kernels, for CUDA
+graphs: :meth:`Decoder.fuse_projections` (one matmul for q/k/v and one for gate/up) and
+``matmul_attention`` (plain batched matmuls instead of SDPA, whose kernel choice depends on
+mask, dtype and head layout).
 """
 
 from __future__ import annotations
@@ -20,10 +25,15 @@ from models.config import DecoderConfig, UnsupportedModel
 
 @dataclass
 class KVCache:
-    """Keys and values of every layer: ``[layers, batch, kv_heads, capacity, head_dim]``."""
+    """Keys and values of every layer: ``k[i]`` / ``v[i]`` are ``[batch, kv_heads, capacity, head_dim]``.
 
-    k: torch.Tensor
-    v: torch.Tensor
+    By default all layers share one tensor ``[layers, batch, kv_heads, capacity, head_dim]``.
+    With ``separate_layers`` each layer has its own tensor: torch.compile then updates the cache
+    in place (a write into a view of one shared tensor makes it copy the whole cache).
+    """
+
+    k: torch.Tensor | tuple[torch.Tensor, ...]
+    v: torch.Tensor | tuple[torch.Tensor, ...]
 
     @classmethod
     def allocate(
@@ -34,9 +44,18 @@ class KVCache:
         batch: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        separate_layers: bool = False,
     ) -> KVCache:
         """Allocate a zeroed cache holding ``capacity_tokens`` positions."""
-        shape = (config.num_layers, batch, config.num_kv_heads, capacity_tokens, config.head_dim)
+        layer = (batch, config.num_kv_heads, capacity_tokens, config.head_dim)
+        if separate_layers:
+            return cls(
+                *(
+                    tuple(torch.zeros(layer, dtype=dtype, device=device) for _ in range(config.num_layers))
+                    for _ in range(2)
+                )
+            )
+        shape = (config.num_layers, *layer)
         return cls(
             torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
         )
@@ -44,7 +63,7 @@ class KVCache:
     @property
     def capacity_tokens(self) -> int:
         """How many positions the cache holds."""
-        return self.k.shape[3]
+        return self.k[0].shape[2]
 
 
 def rope_inv_freq(config: DecoderConfig) -> torch.Tensor:
@@ -69,6 +88,48 @@ def rope_inv_freq(config: DecoderConfig) -> torch.Tensor:
         blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         return torch.where(mid, blended, scaled).float()
     raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported (default, linear, llama3 are)")
+
+
+def grouped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d)) v`` where each KV head serves a contiguous group of query heads.
+
+    Args:
+        q: Queries ``[B, H, T, D]``.
+        keys: Keys ``[B, KVH, S, D]`` (``H`` a multiple of ``KVH``); not copied per group.
+        values: Values ``[B, KVH, S, D]``.
+        mask: Boolean ``[1, 1, T, S]``, True where a query may attend.
+
+    Returns:
+        ``[B, H, T, D]``. The softmax runs in fp32.
+    """
+    b, h, t, d = q.shape
+    kv_heads = keys.shape[1]
+    group = h // kv_heads
+    # Query head j*group+i uses KV head j: fold the group into the rows of one matmul per KV head.
+    rows = (q * d**-0.5).reshape(b, kv_heads, group * t, d)
+    scores = (rows @ keys.transpose(-1, -2)).view(b, kv_heads, group, t, -1)
+    scores = torch.where(mask, scores, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    if t == 1:
+        # Decode: a matmul of 1-3 rows by the whole cache runs on a few blocks, each walking
+        # every position; a product-and-sum spreads the positions over the GPU instead.
+        out = (probs.view(b, kv_heads, group, -1, 1) * values[:, :, None]).sum(dim=-2)
+        return out.view(b, h, t, d)
+    return (probs.view(b, kv_heads, group * t, -1) @ values).view(b, h, t, d)
+
+
+def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the concatenation of ``parts``' outputs."""
+    weight = torch.cat([p.weight for p in parts])
+    biases = [p.bias for p in parts]
+    with torch.device("meta"):  # no throw-away initialisation; both tensors are replaced below
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([b for b in biases if b is not None]), requires_grad=False)
+    return fused
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -104,6 +165,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse(); replaces q/k/v_proj
+
+    def fuse(self) -> None:
+        """Replace q/k/v_proj by one matmul over their concatenated weights (same outputs)."""
+        self.qkv_proj = _fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x``, each ``[B, T, heads * head_dim]``."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
+        return q, k, v
 
     def forward(
         self,
@@ -115,20 +190,25 @@ class Attention(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         kv_len: int,
+        matmul_attention: bool = False,
     ) -> torch.Tensor:
         """Attend ``x`` ``[B, T, H]`` over the first ``kv_len`` cache positions."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
+        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k_cache.index_copy_(2, slot, k.to(k_cache.dtype))
         v_cache.index_copy_(2, slot, v.to(v_cache.dtype))
         keys = k_cache[:, :, :kv_len].to(q.dtype)
         values = v_cache[:, :, :kv_len].to(q.dtype)
-        # enable_gqa lets each KV head serve its query group without copying the cache.
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        if matmul_attention:
+            out = grouped_attention(q, keys, values, mask)
+        else:
+            # enable_gqa lets each KV head serve its query group without copying the cache.
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -140,10 +220,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse(); replaces gate/up_proj
+
+    def fuse(self) -> None:
+        """Replace gate/up_proj by one matmul over their concatenated weights (same outputs)."""
+        self.gate_up_proj = _fused_linear([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply ``down(silu(gate(x)) * up(x))``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -166,10 +256,11 @@ class Block(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         kv_len: int,
+        matmul_attention: bool = False,
     ) -> torch.Tensor:
         """Attention then MLP, each with a residual connection."""
         h = self.input_layernorm(x)
-        x = x + self.self_attn(h, cos, sin, slot, mask, k_cache, v_cache, kv_len)
+        x = x + self.self_attn(h, cos, sin, slot, mask, k_cache, v_cache, kv_len, matmul_attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -193,6 +284,16 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
+    def fuse_projections(self) -> None:
+        """Concatenate q/k/v and gate/up weights in every layer: two matmuls fewer per projection.
+
+        Same function; the fused modules no longer match Hugging Face parameter names.
+        """
+        for layer in self.layers:
+            assert isinstance(layer, Block)
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -201,6 +302,7 @@ class Decoder(nn.Module):
         *,
         kv_len: int | None = None,
         last_only: bool = False,
+        matmul_attention: bool = False,
     ) -> torch.Tensor:
         """Run ``input_ids`` ``[B, T]`` at ``positions`` ``[T]``, updating ``kv_cache`` in place.
 
@@ -213,6 +315,7 @@ class Decoder(nn.Module):
                 position); ``None`` uses the full capacity (fixed shapes for graphs/export).
             last_only: Return logits of the last token only (``[B, 1, V]``), saving the LM head
                 work of prefill.
+            matmul_attention: Attend with :func:`grouped_attention` instead of SDPA.
 
         Returns:
             Float logits ``[B, T, V]`` (or ``[B, 1, V]``).
@@ -226,7 +329,7 @@ class Decoder(nn.Module):
         slots = torch.arange(length, device=positions.device)
         mask = (slots[None, :] <= positions[:, None])[None, None]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, positions, mask, kv_cache.k[i], kv_cache.v[i], length)
+            x = layer(x, cos, sin, positions, mask, kv_cache.k[i], kv_cache.v[i], length, matmul_attention)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()

@@ -1,4 +1,4 @@
-"""The decoder benchmark script in its tiny smoke mode, so it cannot rot unnoticed."""
+"""The decoder benchmark in its tiny smoke mode, so it cannot rot unnoticed."""
 
 from __future__ import annotations
 
@@ -10,15 +10,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_decoder_smoke_prints_table_and_writes_json(tmp_path):
+def test_bench_decoder_smoke_times_every_cpu_row_and_writes_json_and_markdown(tmp_path):
     out_json = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_decoder.py"), "--smoke", "--json", str(out_json)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert "| metric | ours | transformers | ratio |" in out.stdout
+    assert "| backend | TTFT@32 p50 / p99 ms |" in out.stdout
     doc = json.loads(out_json.read_text())
-    metrics = {row["metric"]: row["ours"] for row in doc["rows"]}
-    ttft = next(v for k, v in metrics.items() if k.startswith("TTFT @128 tokens, median"))
-    decode = next(v for k, v in metrics.items() if k.startswith("decode ms/token"))
-    assert ttft > 0 and decode > 0
-    assert "--smoke" in doc["command"]
+    assert doc["random_weights"] and "RANDOM WEIGHTS" in doc["model"] and "--smoke" in doc["command"]
+    rows = {r["key"]: r for r in doc["rows"]}
+    assert set(rows) == {"transformers", "eager-fp32", "static-fp32"}
+    for row in rows.values():
+        assert "error" not in row
+        assert all(row["ttft"][n]["median"] > 0 for n in ("32", "128", "512"))
+        assert row["decode"]["median"] > 0 and row["turn"]["requests_per_s"] > 0
+    # fp32 on the same random weights: our eager step and the graph step's math pick
+    # the same greedy tokens as transformers.
+    assert rows["eager-fp32"]["greedy_tokens"] == rows["transformers"]["greedy_tokens"]
+    assert rows["static-fp32"]["greedy_tokens"] == rows["transformers"]["greedy_tokens"]
+    assert doc["floor"]["copy_bandwidth_gbps"] > 0 and doc["floor"]["fp16_ms"] > 0
+    assert out_json.with_suffix(".md").read_text().startswith("# Decoder benchmark")
+
+
+def test_assistant_bench_runs_the_script(tmp_path):
+    out_json = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "assistant", "bench", "--smoke", "--backends", "eager-fp32"]
+    out = subprocess.run(
+        [*cmd, "--json", str(out_json)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert [r["key"] for r in json.loads(out_json.read_text())["rows"]] == ["eager-fp32"]

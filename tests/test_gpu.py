@@ -1,4 +1,4 @@
-"""CUDA half-precision paths of the PyTorch backend against CPU fp32 (run on the GPU machine).
+"""CUDA paths of the PyTorch backend (run on the GPU machine): half precision and CUDA graphs.
 
 Random weights of the real SmolLM2-135M shape (the GPU machine has no model store); the
 numerics checked do not depend on the values. Skipped without CUDA.
@@ -6,12 +6,19 @@ numerics checked do not depend on the values. Skipped without CUDA.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from engines.base import GenerationOptions
+from engines.cuda_graph import CudaGraphStep, GraphOptions
+from engines.driver import DecoderDriver
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+from models.config import DecoderConfig
+from models.weights import load_decoder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,26 +46,103 @@ class NoTokenizer:
         return "".join(chr(65 + i % 26) for i in ids)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def save_random(folder, **overrides):
     torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("smollm2-shape")
-    LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(**{**SMOLLM2_135M, **overrides})).save_pretrained(folder)
     return folder
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_random(tmp_path_factory.mktemp("smollm2-shape"))
+
+
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    """The SmolLM2 widths with 4 layers: torch.compile takes seconds, not minutes."""
+    return save_random(tmp_path_factory.mktemp("smollm2-4-layers"), num_hidden_layers=4)
+
+
+def gpu(model_dir, dtype, cuda_graph, compile=False):
+    options = TorchBackendOptions(device="cuda", dtype=dtype, cuda_graph=cuda_graph, compile=compile)
+    return load_torch_decoder(model_dir, NoTokenizer(), options)
+
+
+def greedy(driver, prompt, n=64):
+    driver.reset()
+    driver.eos_token_ids = frozenset()  # random weights: keep going for all n tokens
+    return [
+        c.token_id for c in driver.generate(prompt, GenerationOptions(max_new_tokens=n)) if c.token_id >= 0
+    ]
+
+
+@pytest.mark.parametrize("cuda_graph", ["off", "on"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_cuda_half_logits_track_cpu_fp32_through_prefill_and_decode(model_dir, dtype):
+def test_cuda_half_logits_track_cpu_fp32_through_prefill_and_decode(model_dir, dtype, cuda_graph):
     cpu = load_torch_decoder(model_dir, NoTokenizer(), TorchBackendOptions(device="cpu", dtype="fp32"))
-    gpu = load_torch_decoder(model_dir, NoTokenizer(), TorchBackendOptions(device="cuda", dtype=dtype))
-    assert gpu.name == f"pytorch-cuda {dtype}"
+    half = gpu(model_dir, dtype, cuda_graph)
+    assert half.name == f"pytorch-cuda {dtype}" + (" cuda-graph" if cuda_graph == "on" else "")
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 49152, 300).tolist()
-    pairs = [(cpu.prefill(prompt), gpu.prefill(prompt))]
+    pairs = [(cpu.prefill(prompt), half.prefill(prompt))]
     for token in rng.integers(0, 49152, 32).tolist():  # teacher-forced, so both see the same ids
-        pairs.append((cpu.decode(token), gpu.decode(token)))
+        pairs.append((cpu.decode(token), half.decode(token)))
     errors = [np.linalg.norm(g - c) / np.linalg.norm(c) for c, g in pairs]
     agree = np.mean([int(np.argmax(c) == np.argmax(g)) for c, g in pairs])
-    print(f"{dtype}: max logits rel err {max(errors):.2e}, top-1 agreement {agree:.0%}")
+    print(
+        f"{dtype} cuda_graph={cuda_graph}: max logits rel err {max(errors):.2e}, top-1 agreement {agree:.0%}"
+    )
     assert max(errors) < (2e-2 if dtype == "fp16" else 5e-2)
-    assert agree >= 0.9
+    # Random weights give flat logits, so half precision may swap near-tied top tokens (bf16
+    # eager agreed on 88% in the first H200 run). Where the GPU picks another token, fp32 must
+    # rank it within rounding of its top; a wrong position or cache would pick far off.
+    for c, g in pairs:
+        assert c.max() - c[np.argmax(g)] <= 4 * np.abs(g - c).max()
+    assert agree >= 0.8
+
+
+def test_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(model_dir):
+    # fp32, so rounding cannot flip a near-tie; 700 prompt tokens: chunks of 512 and 188 (bucket 256).
+    eager, graph = gpu(model_dir, "fp32", "off"), gpu(model_dir, "fp32", "on")
+    assert graph.name == "pytorch-cuda fp32 cuda-graph"
+    for n in (5, 128, 700):
+        prompt = np.random.default_rng(n).integers(0, 49152, n).tolist()
+        assert greedy(graph, prompt) == greedy(eager, prompt), f"{n}-token prompt"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_cuda_graph_replay_gives_the_tokens_of_the_same_step_run_without_capture(model_dir, dtype):
+    config = DecoderConfig.from_dir(model_dir)
+    model = load_decoder(
+        model_dir, dtype={"fp16": torch.float16, "bf16": torch.bfloat16}[dtype], device="cuda"
+    )
+    steps = [CudaGraphStep(copy.deepcopy(model), 2048, GraphOptions(capture=c)) for c in (True, False)]
+    graph, plain = (DecoderDriver(s, NoTokenizer(), config.eos_token_ids) for s in steps)
+    prompt = np.random.default_rng(1).integers(0, 49152, 200).tolist()
+    tokens = greedy(graph, prompt)
+    assert tokens == greedy(plain, prompt)
+    graph.reset()
+    plain.reset()
+    diff = np.abs(graph.prefill(prompt) - plain.prefill(prompt)).max()
+    print(f"{dtype}: graph vs uncaptured max |logits diff| {diff:.2e}")
+    assert diff < 1e-2
+
+
+def test_cuda_graph_sampling_on_device_is_seeded_and_top_k_1_is_greedy(model_dir):
+    graph = gpu(model_dir, "fp16", "on")
+    prompt = np.random.default_rng(2).integers(0, 49152, 50).tolist()
+    graph.eos_token_ids = frozenset()
+    seeded = GenerationOptions(max_new_tokens=32, temperature=1.0, top_p=0.9, seed=5)
+    first = [c.token_id for c in graph.generate(prompt, seeded)]
+    again = [c.token_id for c in graph.generate(prompt, seeded)]
+    assert first == again
+    top1 = GenerationOptions(max_new_tokens=32, temperature=1.0, top_k=1, seed=5)
+    assert [c.token_id for c in graph.generate(prompt, top1)] == greedy(graph, prompt, 32)
+
+
+def test_compiled_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(small_dir):
+    eager, compiled = gpu(small_dir, "fp32", "off"), gpu(small_dir, "fp32", "on", compile=True)
+    assert compiled.name == "pytorch-cuda fp32 cuda-graph+compile"
+    for n in (7, 300):
+        prompt = np.random.default_rng(n).integers(0, 49152, n).tolist()
+        assert greedy(compiled, prompt) == greedy(eager, prompt), f"{n}-token prompt"
