@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--log", type=Path, metavar="JSONL", help="append one JSON line per turn (latency record)"
     )
+    run.add_argument(
+        "--events", type=Path, metavar="JSONL", help="append every pipeline event, timestamped, one per line"
+    )
     run.add_argument("--no-tui", action="store_true", help="live microphone and speaker, events on stdout")
     _common(run)
     devices = sub.add_parser("devices", help="list audio input and output devices")
@@ -216,33 +219,47 @@ def _devices() -> int:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from assistant.asr import Transcriber, load_wav
+    from assistant.audio import AudioDeviceError, Microphone, Speaker
+    from assistant.chat import run_chat
     from assistant.dialogue import Dialogue
+    from assistant.latency import EventLog
     from assistant.llm import load_llm
     from assistant.pipeline import PipelineOptions, VoicePipeline
     from assistant.tts import SentenceSplitter, Synthesizer
-    from assistant.voice import ConsoleReporter, run_file, run_live
+    from assistant.voice import ConsoleReporter, fan_out, run_file, run_live
 
     input_wav: Path | None = getattr(args, "input", None)
     audio = load_wav(input_wav) if input_wav else None  # a bad file fails before models load
     mic = speaker = None
     if audio is None:
-        from assistant.audio import Microphone, Speaker
-
-        mic, speaker = Microphone(settings.audio), Speaker(settings.audio)
+        try:
+            mic, speaker = Microphone(settings.audio), Speaker(settings.audio)
+        except AudioDeviceError as e:
+            if mic is not None:
+                mic.close()
+            print(f"notice: no voice ({e}); continuing in text mode: type a message", file=sys.stderr)
     decoder, tokenizer = load_llm(settings.models, settings.decoder)
     dialogue = Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options())
+    if audio is None and speaker is None:
+        return run_chat(dialogue)
     transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
     logger.info("warm-up: asr %.0f ms, llm %.0f ms", transcriber.warm_up(), dialogue.warm_up())
     options = PipelineOptions(barge_in=settings.pipeline.barge_in, log_path=getattr(args, "log", None))
-    with Synthesizer(settings.tts) as synthesizer:
-        reporter = ConsoleReporter()
-        pipeline = VoicePipeline(
-            dialogue, transcriber, synthesizer, SentenceSplitter, options, reporter, settings.models.llm
-        )
-        if input_wav is not None and audio is not None:
-            record = run_file(pipeline, settings.vad, audio, input_wav, getattr(args, "output", None))
-            return 0 if not record.cancelled else 1
-        return run_live(pipeline, mic, speaker, settings.vad)
+    events_path: Path | None = getattr(args, "events", None)
+    event_log = EventLog(events_path) if events_path else None
+    try:
+        with Synthesizer(settings.tts) as synthesizer:
+            emit = fan_out(ConsoleReporter(), event_log)
+            pipeline = VoicePipeline(
+                dialogue, transcriber, synthesizer, SentenceSplitter, options, emit, settings.models.llm
+            )
+            if input_wav is not None and audio is not None:
+                record = run_file(pipeline, settings.vad, audio, input_wav, getattr(args, "output", None))
+                return 0 if not record.cancelled else 1
+            return run_live(pipeline, mic, speaker, settings.vad)
+    finally:
+        if event_log:
+            event_log.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,29 @@ class Event:
 
 
 @dataclass(frozen=True)
+class SpeechOnset(Event):
+    """VAD has heard ``VadOptions.onset_ms`` of speech: maybe a turn, too early to tell.
+
+    ``t_ns`` is when it was detected, ``onset_t_ns`` when the first speech sample was captured;
+    ``turn_id`` is the turn it becomes if it lasts. Barge-in stops the reply here.
+    """
+
+    onset_t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class BargeIn(Event):
+    """User speech interrupted turn ``turn_id``: playback was stopped at ``t_ns``.
+
+    ``onset_t_ns`` is when the interrupting speech began, so the reaction time is
+    ``t_ns - onset_t_ns`` (plus the output device's own buffer, ``device_latency_ms``).
+    """
+
+    onset_t_ns: int = 0
+    device_latency_ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class SpeechStarted(Event):
     """VAD saw speech begin; ``t_ns`` is when its first speech sample was captured."""
 

@@ -15,8 +15,10 @@ Each metric names its start and stop event:
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
 
@@ -147,3 +149,36 @@ def percentiles(records: Sequence[TurnRecord], keys: Sequence[str] = STAGES) -> 
                 "n": float(arr.size),
             }
     return out
+
+
+def event_dict(event: Event) -> dict[str, object]:
+    """An event as plain JSON values: its type, stamps and fields (audio becomes ``audio_ms``)."""
+    out: dict[str, object] = {"event": type(event).__name__}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, np.ndarray):
+            out["audio_ms"] = round(1000.0 * value.size / 16000, 1)
+        elif isinstance(value, TurnRecord):
+            out["metrics"] = value.metrics
+        else:
+            out[f.name] = value
+    return out
+
+
+class EventLog:
+    """Appends every event to a JSON-lines file (``run --events``); callable from any thread."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a", buffering=1)
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        """Write one event as one line."""
+        line = json.dumps(event_dict(event), separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        with self._lock:
+            self._file.close()

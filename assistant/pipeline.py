@@ -24,11 +24,13 @@ from assistant.dialogue import Dialogue
 from assistant.events import (
     AudioReady,
     AudioStarted,
+    BargeIn,
     Event,
     PlaybackEnded,
     PromptSubmitted,
     SentenceReady,
     SpeechEnded,
+    SpeechOnset,
     SpeechStarted,
     TokenGenerated,
     TranscriptReady,
@@ -281,6 +283,7 @@ class LiveLoop:
         self.stop_event = threading.Event()
         self.turn_cancel = threading.Event()
         self.turn_thread: threading.Thread | None = None
+        self.current_turn = 0
         self.capture_thread = threading.Thread(target=self._capture, name="capture")
 
     def start(self) -> None:
@@ -307,17 +310,28 @@ class LiveLoop:
                 self.mic.drain()
                 continue
             for event in self.endpointer.feed(*block):
-                if isinstance(event, SpeechStarted) and self.busy():
-                    self.turn_cancel.set()  # barge-in: stop generation and playback now
-                    self.speaker.stop()
+                if isinstance(event, SpeechOnset | SpeechStarted) and self.busy():
+                    self._barge_in(event)
                 self.pipeline.emit(event)
                 if isinstance(event, SpeechEnded):
                     self._start_turn(event)
+
+    def _barge_in(self, event: SpeechOnset | SpeechStarted) -> None:
+        """Stop generation and playback of the turn being answered, now."""
+        if self.turn_cancel.is_set():
+            return
+        self.turn_cancel.set()
+        self.speaker.stop()
+        onset = event.onset_t_ns if isinstance(event, SpeechOnset) else event.t_ns
+        latency_s = getattr(getattr(self.speaker, "stream", None), "latency", 0.0)
+        latency_ms = 1000.0 * float(latency_s or 0.0)
+        self.pipeline.emit(BargeIn(self.current_turn, time.monotonic_ns(), onset, latency_ms))
 
     def _start_turn(self, utterance: SpeechEnded) -> None:
         if self.turn_thread is not None:
             self.turn_thread.join()
         self.turn_cancel = threading.Event()
+        self.current_turn = utterance.turn_id
         self.turn_thread = threading.Thread(
             target=self.pipeline.run_turn,
             args=(utterance, self.speaker, self.turn_cancel),

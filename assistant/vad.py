@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from assistant.audio import SAMPLE_RATE_HZ
-from assistant.events import Event, SpeechEnded, SpeechStarted
+from assistant.events import Event, SpeechEnded, SpeechOnset, SpeechStarted
 
 CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
@@ -22,14 +22,16 @@ class VadOptions:
 
     A turn needs ``min_speech_ms`` of speech; it ends after ``end_silence_ms`` of silence
     (400 ms: shorter cuts people off at commas and breaths, longer adds directly to
-    voice-to-voice latency; see docs). ``pre_roll_ms`` of audio before the onset is kept so
-    soft first syllables reach ASR. An utterance longer than ``max_utterance_s`` is cut into a
-    turn and the rest starts the next one.
+    voice-to-voice latency; see docs). ``onset_ms`` of speech raises ``SpeechOnset`` (what
+    barge-in reacts to: short, so the reply stops within 200 ms). ``pre_roll_ms`` of audio
+    before the onset is kept so soft first syllables reach ASR. An utterance longer than
+    ``max_utterance_s`` is cut into a turn and the rest starts the next one.
     """
 
     threshold: float = 0.5
     neg_threshold: float = 0.35
     min_speech_ms: int = 250
+    onset_ms: int = 96
     end_silence_ms: int = 400
     pre_roll_ms: int = 300
     max_utterance_s: float = 20.0
@@ -93,6 +95,7 @@ class Endpointer:
         self.chunks: list[np.ndarray] = []
         self.speech_chunks = 0
         self.silence_chunks = 0
+        self.onset_sent = False
         self.onset_t_ns = 0
         self.last_speech_t_ns = 0
 
@@ -116,6 +119,15 @@ class Endpointer:
         self.pending = self.pending[n_chunks * CHUNK_SAMPLES :].copy()
         return events
 
+    def feed_recording(self, audio: np.ndarray, t0_ns: int = 0, block: int = CHUNK_SAMPLES) -> list[Event]:
+        """Feed a whole recording in ``block``-sample pieces, as if captured from ``t0_ns`` on."""
+        events: list[Event] = []
+        for start in range(0, audio.size, block):
+            piece = audio[start : start + block]
+            t_ns = t0_ns + (start + piece.size) * 1_000_000_000 // SAMPLE_RATE_HZ
+            events.extend(self.feed(piece, t_ns))
+        return events
+
     def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
         opts = self.options
         prob = self.model(chunk)
@@ -135,6 +147,9 @@ class Endpointer:
         else:
             self.silence_chunks += 1
         events: list[Event] = []
+        if not self.onset_sent and self.speech_chunks * CHUNK_NS >= opts.onset_ms * 1_000_000:
+            self.onset_sent = True
+            events.append(SpeechOnset(self.turn_id or self.next_turn_id, t_end_ns, self.onset_t_ns))
         if not self.turn_id and self.speech_chunks * CHUNK_NS >= opts.min_speech_ms * 1_000_000:
             # Long enough not to be a click or a cough: from here on it is a turn.
             self.turn_id = self._start_turn(self.onset_t_ns, events)
@@ -148,7 +163,7 @@ class Endpointer:
         self._reset_utterance()
         self.pre_roll.clear()
         if cut:  # the speaker goes on: the rest opens the next turn at once, nothing is dropped
-            self.in_speech = True
+            self.in_speech = self.onset_sent = True
             self.onset_t_ns = self.last_speech_t_ns = t_end_ns
             self.turn_id = self._start_turn(t_end_ns, events)
         return events

@@ -8,15 +8,24 @@ import sys
 import threading
 import time
 import wave
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-from assistant.events import Event, SentenceReady, SpeechEnded, SpeechStarted, TranscriptReady, TurnDone
+from assistant.events import (
+    BargeIn,
+    Event,
+    SentenceReady,
+    SpeechEnded,
+    SpeechStarted,
+    TranscriptReady,
+    TurnDone,
+)
 from assistant.latency import TurnRecord
 from assistant.pipeline import FileSink, LiveLoop, PipelineOptions, VoicePipeline
-from assistant.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
+from assistant.vad import SAMPLE_RATE_HZ, Endpointer, VadOptions
 
 logger = logging.getLogger(__name__)
 
@@ -32,14 +41,10 @@ def find_utterance(audio: np.ndarray, vad: VadOptions, path: Path) -> tuple[np.n
     silence appended, as if the speaker stopped); all speech it finds forms the turn.
     """
     endpointer = Endpointer(VadOptions(**{**vad.__dict__, "max_utterance_s": 1e9}))
-    padded = np.concatenate([audio, np.zeros(SAMPLE_RATE_HZ * 2, np.float32)])
+    events = endpointer.feed_recording(np.concatenate([audio, np.zeros(SAMPLE_RATE_HZ * 2, np.float32)]))
     ns_per_sample = 1e9 / SAMPLE_RATE_HZ
-    ended: list[SpeechEnded] = []
-    started: list[SpeechStarted] = []
-    for start in range(0, padded.size, CHUNK_SAMPLES):
-        block = padded[start : start + CHUNK_SAMPLES]
-        for e in endpointer.feed(block, int((start + block.size) * ns_per_sample)):
-            (ended if isinstance(e, SpeechEnded) else started).append(e)  # type: ignore[arg-type]
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    started = [e for e in events if isinstance(e, SpeechStarted)]
     if not ended:
         raise NoSpeechInFile(f"no speech found in {path} (silence or noise only?)")
     first = max(int(started[0].t_ns / ns_per_sample) - vad.pre_roll_ms * SAMPLE_RATE_HZ // 1000, 0)
@@ -76,6 +81,17 @@ def run_file(
     return record
 
 
+def fan_out(*sinks: Callable[[Event], None] | None) -> Callable[[Event], None]:
+    """One event callback that hands each event to every sink given (``None`` ones skipped)."""
+    live = [sink for sink in sinks if sink is not None]
+
+    def emit(event: Event) -> None:
+        for sink in live:
+            sink(event)
+
+    return emit
+
+
 class ConsoleReporter:
     """Prints what a user of ``run --no-tui`` wants to see, one line per event of interest."""
 
@@ -88,6 +104,9 @@ class ConsoleReporter:
         line = None
         if isinstance(event, SpeechStarted):
             line = f"[turn {event.turn_id}] hearing..."
+        elif isinstance(event, BargeIn):
+            reaction_ms = (event.t_ns - event.onset_t_ns) / 1e6
+            line = f"[turn {event.turn_id}] interrupted: reply stopped {reaction_ms:.0f} ms after you spoke"
         elif isinstance(event, TranscriptReady):
             line = f"[turn {event.turn_id}] you: {event.text or '(nothing recognised)'}"
         elif isinstance(event, SentenceReady):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from assistant.events import SpeechEnded, SpeechStarted
+from assistant.events import SpeechEnded, SpeechOnset, SpeechStarted
 from assistant.vad import CHUNK_NS, SAMPLE_RATE_HZ, Endpointer, VadOptions
 from tests.speech import silence, speak
 
@@ -13,12 +13,9 @@ NS_PER_SAMPLE = 1e9 / SAMPLE_RATE_HZ
 
 
 def run(endpointer: Endpointer, audio: np.ndarray, block: int = 512, t0_ns: int = 10**12):
-    """Feed ``audio`` in blocks as a capture callback would, stamping each block's end."""
-    events = []
-    for start in range(0, audio.size, block):
-        piece = audio[start : start + block]
-        events += endpointer.feed(piece, t0_ns + int((start + piece.size) * NS_PER_SAMPLE))
-    return events
+    """Turn events of ``audio`` fed in blocks as a capture callback would (onsets left out)."""
+    events = endpointer.feed_recording(audio, t0_ns, block)
+    return [e for e in events if not isinstance(e, SpeechOnset)]
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +74,22 @@ def test_a_short_click_is_not_a_turn(question):
     click = question[int(0.3 * SAMPLE_RATE_HZ) : int(0.42 * SAMPLE_RATE_HZ)]  # 120 ms of speech
     events = run(Endpointer(VadOptions(min_speech_ms=250)), np.concatenate([silence(1), click, silence(1)]))
     assert events == []
+
+
+def test_speech_onset_comes_early_and_names_the_turn_it_becomes(question):
+    opts = VadOptions()
+    t0 = 10**12
+    events = Endpointer(opts).feed_recording(np.concatenate([silence(1.0), question, silence(1.0)]), t0)
+    assert [type(e) for e in events] == [SpeechOnset, SpeechStarted, SpeechEnded]
+    onset, started, _ = events
+    assert onset.turn_id == started.turn_id == 1
+    assert onset.onset_t_ns == started.t_ns
+    # Detected after onset_ms of speech (plus at most one chunk), well before the turn starts.
+    assert opts.onset_ms <= (onset.t_ns - onset.onset_t_ns) / 1e6 <= opts.onset_ms + 2 * CHUNK_NS / 1e6
+    assert onset.t_ns < started.t_ns + opts.min_speech_ms * 1_000_000
+
+
+def test_noise_raises_no_speech_onset_either():
+    rng = np.random.default_rng(1)
+    noise = (rng.standard_normal(5 * SAMPLE_RATE_HZ) * 0.1).astype(np.float32)
+    assert Endpointer(VadOptions()).feed_recording(noise) == []

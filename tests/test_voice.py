@@ -117,8 +117,8 @@ def pulse():
 class Live:
     """``assistant run --no-tui`` on the virtual devices, with its stdout read line by line."""
 
-    def __init__(self, env, log):
-        cmd = [sys.executable, "-m", "assistant", "run", "--no-tui", "--log", str(log)]
+    def __init__(self, env, log, *args):
+        cmd = [sys.executable, "-m", "assistant", "run", "--no-tui", "--log", str(log), *args]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
         )
@@ -181,6 +181,66 @@ def test_live_turn_through_virtual_mic_and_speaker(pulse, question_wav, tmp_path
     assert "paris" in heard.lower(), (heard, line)
 
 
+def sound_bursts(audio, gap_s: float = 0.4, level: float = 1e-3) -> list[tuple[float, float]]:
+    """(start, end) seconds of the stretches of sound separated by at least ``gap_s`` of silence."""
+    loud = np.nonzero(np.abs(audio) > level)[0] / 16000
+    if not loud.size:
+        return []
+    breaks = np.nonzero(np.diff(loud) >= gap_s)[0]
+    starts = np.concatenate([[loud[0]], loud[breaks + 1]])
+    ends = np.concatenate([loud[breaks], [loud[-1]]])
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def test_barge_in_stops_the_reply_within_200_ms_and_keeps_only_what_was_heard(pulse, question_wav, tmp_path):
+    """With --barge-in, a second question spoken over the reply stops it and is answered.
+
+    The virtual speaker does not feed the virtual mic, as with a headset.
+    """
+    events_path, recording = tmp_path / "events.jsonl", tmp_path / "speaker.wav"
+    interruption = tmp_path / "interrupt.wav"
+    speak("Stop. What is the capital of Germany?", tmp_path, "interrupt")
+    env = {**os.environ, **pulse}
+    live = Live(pulse, tmp_path / "turns.jsonl", "--barge-in", "--events", str(events_path))
+    live.wait_for("listening on")
+    recorder = subprocess.Popen(
+        ["parecord", "--device=spk.monitor", "--rate=16000", "--channels=1", "--format=s16le"]
+        + ["--file-format=wav", str(recording)],
+        env=env,
+    )
+    subprocess.run(["paplay", "--device=micfeed", str(question_wav)], env=env, check=True)
+    live.wait_for(r"\[turn 1\] assistant:")  # the first sentence is being spoken now
+    subprocess.run(["paplay", "--device=micfeed", str(interruption)], env=env, check=True)
+    live.wait_for(r"turn 2 \| voice-to-voice")
+    time.sleep(0.5)
+    recorder.send_signal(signal.SIGINT)
+    recorder.wait(10)
+    live.proc.send_signal(signal.SIGINT)
+    assert live.proc.wait(30) == 0
+    output = "".join(live.lines) + live.proc.stdout.read()
+
+    events = [json.loads(line) for line in events_path.read_text().splitlines()]
+    (barge,) = [e for e in events if e["event"] == "BargeIn"]
+    onset = next(e for e in events if e["event"] == "SpeechOnset" and e["turn_id"] == 2)
+    assert barge["turn_id"] == 1 and barge["onset_t_ns"] == onset["onset_t_ns"]
+    reaction_ms = (barge["t_ns"] - onset["onset_t_ns"]) / 1e6
+    assert 0 < reaction_ms <= 200, output
+    assert "interrupted: reply stopped" in output
+
+    records = {r["turn_id"]: r for r in map(json.loads, (tmp_path / "turns.jsonl").read_text().splitlines())}
+    assert records[1]["cancelled"] == "interrupted" and records[2]["cancelled"] == ""
+    generated = " ".join(e["text"] for e in events if e["event"] == "SentenceReady" and e["turn_id"] == 1)
+    assert len(records[1]["reply"].split()) < len(generated.split())  # history keeps what was heard
+    assert "germany" in records[2]["transcript"].lower()
+
+    # What reached the speaker: turn 1's reply broke off early, then turn 2's reply played.
+    full_s = sum(e["audio_ms"] for e in events if e["event"] == "AudioReady" and e["turn_id"] == 1) / 1000
+    bursts = sound_bursts(read_wav(recording))
+    assert len(bursts) >= 2, bursts
+    first_s = bursts[0][1] - bursts[0][0]
+    assert first_s < full_s - 0.5, (first_s, full_s)
+
+
 def test_sigint_during_playback_exits_cleanly(pulse, question_wav, tmp_path):
     live = Live(pulse, tmp_path / "turns.jsonl")
     live.wait_for("listening on")
@@ -220,3 +280,20 @@ def test_synthesizer_speaks_intelligibly_from_several_threads_and_joins_on_close
     assert synth.synthesize("   ").size == 0
     synth.close()
     assert not synth._thread.is_alive()
+
+
+def test_without_audio_devices_run_continues_in_text_mode(tmp_path):
+    """No sound server and no sound card (this machine without the virtual devices)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULSE", "ALSA"))}
+    env.update(PULSE_SERVER=f"unix:{tmp_path}/no-such-server", XDG_RUNTIME_DIR=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "assistant", "run", "--no-tui"],
+        input="What is the capital of France?\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no audio input device" in result.stderr and "text mode" in result.stderr
+    assert "Paris" in result.stdout
