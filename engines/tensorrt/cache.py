@@ -55,7 +55,7 @@ def engine_key(identity: dict[str, Any]) -> str:
 
 def slug(text: str) -> str:
     """A file-name-safe form of ``text`` (GPU names, versions)."""
-    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text).strip("_") or "unknown"
+    return "".join(c if c.isalnum() or c in ".-+" else "_" for c in text).strip("_") or "unknown"
 
 
 @dataclass(frozen=True)
