@@ -18,7 +18,7 @@ import onnx
 import pytest
 import torch
 
-from engines.onnx_export import SIDECAR, ExportedDecoder, ExportOptions, export_decoder
+from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import OnnxParseError, build_engine
 from engines.tensorrt.flavour import TensorRTUnavailable, UnsupportedPrecision, load_flavour
@@ -29,7 +29,11 @@ from tests.test_cli_and_errors import run_cli
 RTX = load_flavour("tensorrt-rtx")  # a dev dependency: CI has it, so no skip
 SM89 = EngineOptions(targets="sm89")
 TINY = EngineOptions(
-    targets="sm89", prefill_opt_tokens=16, prefill_max_tokens=64, context_opt_tokens=64, context_max_tokens=256
+    targets="sm89",
+    prefill_opt_tokens=16,
+    prefill_max_tokens=64,
+    context_opt_tokens=64,
+    context_max_tokens=256,
 )
 
 
@@ -59,7 +63,12 @@ def test_smollm2_fp16_builds_a_real_sm89_engine_with_progress(smollm2_engine):
     assert 200e6 < built.size_bytes < 350e6  # fp16 weights (270 MB) once: one profile on RTX
     assert built.path.stat().st_size == built.size_bytes
     r = built.record
-    assert (r["flavour"], r["version"], r["targets"], r["precision"]) == ("tensorrt-rtx", RTX.version, ["sm89"], "fp16")
+    assert (r["flavour"], r["version"], r["targets"], r["precision"]) == (
+        "tensorrt-rtx",
+        RTX.version,
+        ["sm89"],
+        "fp16",
+    )
     assert r["strongly_typed"] and r["onnx"]["dtype"] == "fp16" and r["verified"] is None
     assert r["profile"]["prefill_max_tokens"] == 512 and r["profile"]["decode_profile"] is False
     assert cache.check_entry(built.path.parent, r) is None
