@@ -248,7 +248,13 @@ def _verify(args: argparse.Namespace, settings: Settings) -> int:
         )  # fmt: skip
         engine_path = getattr(candidate.step, "engine_path", None)
     reference = load_torch_decoder(model_dir, tokenizer, TorchBackendOptions(device="cpu", dtype="fp32"))
-    report = verify_decoder(candidate, reference, tokenizer, max_new_tokens=args.verify_tokens)
+    report = verify_decoder(
+        candidate,
+        reference,
+        tokenizer,
+        max_new_tokens=args.verify_tokens,
+        system_prompt=settings.dialogue.system_prompt,
+    )
     for r in report.results:
         print(
             f"{r.token_agreement:6.1%} agree  err {r.max_logits_rel_err:.2e}  "

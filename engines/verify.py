@@ -131,16 +131,19 @@ def verify_decoder(
     prompts: Sequence[str] = DIALOGUE,
     max_new_tokens: int = 32,
     thresholds: Thresholds | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
 ) -> VerifyReport:
-    """Compare ``candidate`` with ``reference`` on ``prompts`` and judge it against ``thresholds``."""
+    """Compare ``candidate`` with ``reference`` on ``prompts`` and judge it against ``thresholds``.
+
+    Each prompt is one user turn after ``system_prompt`` (pass the product's own), greedy.
+    """
     thresholds = thresholds or Thresholds()
     results, errors = [], []
     agree_total = steps_total = 0
     for prompt in prompts:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
-        ids = [
-            int(t) for t in tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ]
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
         ref_tokens, ref_logits = _greedy(reference, ids, max_new_tokens)
         candidate.reset()
         got = [candidate.prefill(ids)] + [candidate.decode(t) for t in ref_tokens[:-1]]

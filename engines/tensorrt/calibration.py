@@ -61,7 +61,8 @@ def calibration_ids(tokenizer: Any) -> list[list[int]]:
             {"role": "user", "content": question},
             {"role": "assistant", "content": answer},
         ]
-        out.append([int(t) for t in tokenizer.apply_chat_template(messages, tokenize=True)])
+        text = tokenizer.apply_chat_template(messages, tokenize=False)  # as the dialogue does
+        out.append(list(tokenizer.encode(text, add_special_tokens=False)))
     return out
 
 
