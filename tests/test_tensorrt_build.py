@@ -236,3 +236,20 @@ def test_cli_build_hit_list_and_clear(smollm2_engine, onnx_model_dir):
     assert not built.path.parent.exists() and not (built.path.parent.parent / ".half-built-abc").exists()
     out = run_cli("engine", "list", "--store", store)
     assert "no engines in" in out.stdout
+
+
+def test_triton_repository_for_a_full_tensorrt_engine_and_refusal_for_rtx(tiny_export, tmp_path):
+    from engines.tensorrt.triton import TritonExportError, write_repository
+
+    built = build_engine(tiny_export, TINY, tmp_path / "engines")
+    with pytest.raises(TritonExportError, match="full TensorRT engines, not tensorrt-rtx"):
+        write_repository(tmp_path / "repo", "tiny", built.path, built.record, tiny_export.metadata)
+    record = {**built.record, "flavour": "tensorrt"}  # what a full TensorRT build records
+    folder = write_repository(tmp_path / "repo", "tiny", built.path, record, tiny_export.metadata)
+    assert (folder / "1" / "model.plan").read_bytes() == built.path.read_bytes()
+    text = (folder / "config.pbtxt").read_text()
+    assert 'platform: "tensorrt_plan"' in text and "max_batch_size: 1" in text
+    assert "dynamic_batching { max_queue_delay_microseconds: 100 }" in text
+    assert '{ name: "past_key_values.1.value" data_type: TYPE_FP16 dims: [ 2, -1, 16 ] }' in text
+    assert '{ name: "last_logits" data_type: TYPE_FP32 dims: [ 300 ] }' in text
+    assert text.count("name: ") == 1 + 2 + 4 + 1 + 4  # model, ids, past, logits, present
