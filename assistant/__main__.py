@@ -1,4 +1,4 @@
-"""Command line: ``assistant [chat] | run | devices | models fetch|list | engine export | bench``.
+"""Command line: ``assistant [chat] | run | devices | models fetch|list | engine ... | bench``.
 
 Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
 """
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from assistant.config import ConfigError, Settings, load_settings
+from assistant.engine_cli import add_engine_parsers, run_engine
 from assistant.llm import BACKENDS
 from models.store import BUNDLED, FetchError, ModelStore
 from models.weights import CorruptModel, ModelNotFound
@@ -127,13 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(fetch)
     listing = models_sub.add_parser("list", help="models in the store with sizes")
     _common(listing)
-    engine = sub.add_parser("engine", help="decoder engines: export the ONNX graph")
-    engine_sub = engine.add_subparsers(dest="engine_command", required=True)
-    export = engine_sub.add_parser(
-        "export", help="export the decoder to ONNX (--dtype fp32|fp16), cached beside the model"
-    )
-    export.add_argument("--force", action="store_true", help="export again even when cached")
-    _common(export)
+    add_engine_parsers(sub, _common)
     sub.add_parser(
         "bench", help="decoder benchmark: runs scripts/bench_decoder.py (bench --help)", add_help=False
     )
@@ -181,24 +176,12 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _engine(args: argparse.Namespace, settings: Settings) -> int:
-    from assistant.llm import onnx_dtype, resolve_llm_dir
-    from engines.onnx_export import ExportOptions, export_decoder
-
-    options = ExportOptions(dtype=onnx_dtype(settings.decoder.dtype))
-    result = export_decoder(resolve_llm_dir(settings.models), options, force=args.force)
-    state = "cache hit" if result.cache_hit else f"exported in {result.export_s:.1f} s"
-    size_mb = result.size_bytes / 1e6
-    print(f"{state}: {result.path} ({options.dtype}, opset {options.opset}, {size_mb:.0f} MB)")
-    return 0
-
-
 def _chat(settings: Settings) -> int:
     from assistant.chat import run_chat
     from assistant.dialogue import Dialogue
     from assistant.llm import load_llm
 
-    decoder, tokenizer = load_llm(settings.models, settings.decoder)
+    decoder, tokenizer = load_llm(settings.models, settings.decoder, settings.engine)
     dialogue = Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options())
     return run_chat(dialogue)
 
@@ -238,7 +221,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             if mic is not None:
                 mic.close()
             print(f"notice: no voice ({e}); continuing in text mode: type a message", file=sys.stderr)
-    decoder, tokenizer = load_llm(settings.models, settings.decoder)
+    decoder, tokenizer = load_llm(settings.models, settings.decoder, settings.engine)
     dialogue = Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options())
     if audio is None and speaker is None:
         return run_chat(dialogue)
@@ -272,10 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = _settings(args)
+        if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
+            from assistant.llm import resolve_auto_backend
+
+            settings.decoder, reason = resolve_auto_backend(settings.decoder)
+            print(f"backend auto: {settings.decoder.backend} ({reason})", file=sys.stderr)
         if args.command == "models":
             return _models(args, settings)
         if args.command == "engine":
-            return _engine(args, settings)
+            return run_engine(args, settings)
         if args.command == "devices":
             return _devices()
         if args.command == "run":

@@ -20,6 +20,7 @@ from assistant.audio import AudioOptions
 from assistant.tts import TtsOptions
 from assistant.vad import VadOptions
 from engines.base import GenerationOptions
+from engines.tensorrt.options import EngineOptions
 from models.store import DEFAULT_LLM
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -57,8 +58,10 @@ class ModelSettings:
 
 @dataclass
 class DecoderSettings:
-    """The LLM backend: ``pytorch`` or ``onnxruntime`` (CPU, the exported ONNX graph).
+    """The LLM backend: ``pytorch``, ``onnxruntime``, ``tensorrt``, ``tensorrt-rtx`` or ``auto``.
 
+    ``onnxruntime`` runs the exported ONNX graph on the CPU; the TensorRT backends run an
+    engine built per the ``[engine]`` section; ``auto`` picks the fastest one this machine runs.
     device/dtype ``auto`` pick CUDA fp16 or CPU fp32 (onnxruntime: CPU, fp32 or fp16 graph).
     """
 
@@ -123,6 +126,7 @@ class Settings:
     asr: AsrOptions = field(default_factory=AsrOptions)
     tts: TtsOptions = field(default_factory=TtsOptions)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    engine: EngineOptions = field(default_factory=EngineOptions)
 
 
 def _coerce(kind: Any, value: Any, where: str) -> Any:

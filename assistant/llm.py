@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 from assistant.config import DecoderSettings, ModelSettings
 from engines.driver import DecoderDriver
+from engines.tensorrt.options import EngineOptions
 from models.store import BUNDLED, ModelStore
 from models.weights import FETCH_HINT, ModelNotFound, check_model_dir
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("pytorch", "onnxruntime")
+BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
 def resolve_llm_dir(settings: ModelSettings) -> Path:
@@ -73,14 +75,26 @@ def onnx_dtype(dtype: str) -> str:
     return dtype
 
 
-def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDriver, Any]:
-    """Build the configured decoder backend and its tokenizer."""
+def engine_cache_dir(models: ModelSettings) -> Path:
+    """Where TensorRT engines and their tuning caches are kept (``<store>/engines``)."""
+    return Path(models.store_dir).expanduser() / "engines"
+
+
+def load_llm(
+    models: ModelSettings, decoder: DecoderSettings, engine: EngineOptions | None = None
+) -> tuple[DecoderDriver, Any]:
+    """Build the configured decoder backend and its tokenizer (``engine``: TensorRT build options)."""
     model_dir = resolve_llm_dir(models)
     tokenizer = load_tokenizer(model_dir)
     if decoder.backend not in BACKENDS:
         raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
+    if decoder.backend == "auto":
+        decoder, reason = resolve_auto_backend(decoder)
+        logger.info("backend auto: %s (%s)", decoder.backend, reason)
     if decoder.backend == "onnxruntime":
         return _load_onnxruntime(model_dir, tokenizer, decoder), tokenizer
+    if decoder.backend in ("tensorrt", "tensorrt-rtx"):
+        return _load_tensorrt(model_dir, tokenizer, models, decoder, engine or EngineOptions()), tokenizer
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 
     options = TorchBackendOptions(
@@ -94,6 +108,17 @@ def load_llm(models: ModelSettings, decoder: DecoderSettings) -> tuple[DecoderDr
     return load_torch_decoder(model_dir, tokenizer, options), tokenizer
 
 
+def _load_tensorrt(
+    model_dir: Path, tokenizer: Any, models: ModelSettings, decoder: DecoderSettings, engine: EngineOptions
+) -> DecoderDriver:
+    from engines.tensorrt.backend import load_tensorrt_decoder
+
+    options = dataclasses.replace(engine, flavour=decoder.backend)
+    return load_tensorrt_decoder(
+        model_dir, tokenizer, options, engine_cache_dir(models), capacity_tokens=decoder.context_tokens
+    )
+
+
 def _load_onnxruntime(model_dir: Path, tokenizer: Any, decoder: DecoderSettings) -> DecoderDriver:
     from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
 
@@ -103,3 +128,12 @@ def _load_onnxruntime(model_dir: Path, tokenizer: Any, decoder: DecoderSettings)
         dtype=onnx_dtype(decoder.dtype), threads=decoder.threads, capacity_tokens=decoder.context_tokens
     )
     return load_onnxruntime_decoder(model_dir, tokenizer, options)
+
+
+def resolve_auto_backend(decoder: DecoderSettings) -> tuple[DecoderSettings, str]:
+    """``backend = "auto"`` made concrete for this machine, and the reason in words."""
+    from engines.selection import choose_backend, probe
+
+    choice = choose_backend(probe())
+    device = decoder.device if decoder.device != "auto" or choice.backend != "pytorch" else choice.device
+    return dataclasses.replace(decoder, backend=choice.backend, device=device), choice.reason

@@ -12,6 +12,7 @@ from assistant.dialogue import Dialogue
 from assistant.llm import load_tokenizer
 from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
+from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.store import DEFAULT_LLM, ModelStore
 
@@ -62,3 +63,49 @@ def run_reply(dialogue: Dialogue, text: str):
     reply = dialogue.ask(text)
     ids = [c.token_id for c in reply if c.token_id >= 0]
     return reply, ids
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-tensorrt",
+        action="store_true",
+        help="run the gpu_tensorrt tests (they fail, not skip, without TensorRT and a supported GPU)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-tensorrt"):
+        return
+    reason = "gpu_tensorrt: not run; pass --run-tensorrt on a machine with TensorRT and a supported GPU"
+    for item in items:
+        if "gpu_tensorrt" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def onnx_model_dir(tmp_path_factory, model_dir: Path) -> Path:
+    """A store whose SmolLM2 folder links to the real files, so exports and engines land in a tmp dir.
+
+    Session-scoped and shared by the ONNX and TensorRT tests: SmolLM2 is exported once per
+    dtype per run (~15 s each).
+    """
+    root = tmp_path_factory.mktemp("onnx-store")
+    folder = root / "models" / DEFAULT_LLM
+    folder.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        if f.is_file():
+            (folder / f.name).symlink_to(f)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_export(onnx_model_dir: Path):
+    """``smollm2_export(dtype)``: the (cached) ONNX export of the real SmolLM2 in the tmp store."""
+    done: dict[str, ExportedDecoder] = {}
+
+    def get(dtype: str) -> ExportedDecoder:
+        if dtype not in done:
+            done[dtype] = export_decoder(onnx_model_dir, ExportOptions(dtype=dtype))
+        return done[dtype]
+
+    return get

@@ -1,9 +1,9 @@
 """The ONNX export and ONNX Runtime, its CPU twin, against the PyTorch backend (real SmolLM2).
 
-SmolLM2 is exported once per module (fp32 and fp16) into a temporary store whose model folder
-links to the real weights. Cache mechanics (corruption, external data, stale exports) and the
-architecture variants SmolLM2 lacks (Qwen2 biases, Llama 3 RoPE scaling) use tiny
-random-weight models, which export in about a second.
+SmolLM2 is exported once per test session (fp32 and fp16, shared with the TensorRT tests) into
+a temporary store whose model folder links to the real weights. Cache mechanics (corruption,
+external data, stale exports) and the architecture variants SmolLM2 lacks (Qwen2 biases,
+Llama 3 RoPE scaling) use tiny random-weight models, which export in about a second.
 """
 
 from __future__ import annotations
@@ -47,20 +47,9 @@ FORBIDDEN_OPS = {"NonZero", "Unique", "Loop", "If", "Scan", "ScatterND", "Scatte
 
 
 @pytest.fixture(scope="module")
-def onnx_model_dir(tmp_path_factory, model_dir):
-    """A store whose SmolLM2 folder links to the real files, so exports land in a tmp dir."""
-    root = tmp_path_factory.mktemp("onnx-store")
-    folder = root / "models" / DEFAULT_LLM
-    folder.mkdir(parents=True)
-    for f in model_dir.iterdir():
-        if f.is_file():
-            (folder / f.name).symlink_to(f)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def exports(onnx_model_dir):
-    return {dtype: export_decoder(onnx_model_dir, ExportOptions(dtype=dtype)) for dtype in ("fp32", "fp16")}
+def exports(smollm2_export):
+    """fp32 and fp16 exports of the real SmolLM2 (``onnx_model_dir`` and the export are in conftest)."""
+    return {dtype: smollm2_export(dtype) for dtype in ("fp32", "fp16")}
 
 
 def ort_decoder(model_dir, tokenizer, dtype, capacity_tokens=2048):

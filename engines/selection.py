@@ -1,0 +1,74 @@
+"""``--backend auto``: the fastest backend this machine can run, and why.
+
+Order: full TensorRT when importable and the GPU is one it supports (compute capability 7.5+),
+else TensorRT-RTX on the RTX GPUs it runs on (8.0, 8.6, 8.9, 12.0, 12.1), else PyTorch on
+CUDA, else PyTorch on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
+from engines.tensorrt.flavour import TensorRTUnavailable, load_flavour, rtx_supports
+
+TENSORRT_MIN_CAPABILITY = (7, 5)  # TensorRT 10 supports Turing and newer
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What this machine offers: TensorRT versions (``None`` when absent), the GPU, torch CUDA."""
+
+    tensorrt: str | None
+    tensorrt_rtx: str | None
+    gpu: GpuInfo | None
+    torch_cuda: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A backend, the device it runs on and the reason, in words."""
+
+    backend: str
+    device: str
+    reason: str
+
+
+def probe() -> Probe:
+    """Look at this machine (imports TensorRT if installed; no GPU work)."""
+    versions: dict[str, str | None] = {}
+    for name in ("tensorrt", "tensorrt-rtx"):
+        try:
+            versions[name] = load_flavour(name).version
+        except TensorRTUnavailable:
+            versions[name] = None
+    try:
+        import torch
+
+        torch_cuda = bool(torch.cuda.is_available())
+    except ImportError:
+        torch_cuda = False
+    return Probe(versions["tensorrt"], versions["tensorrt-rtx"], gpu_info(), torch_cuda)
+
+
+def choose_backend(found: Probe) -> Choice:
+    """The backend for ``found`` (pure)."""
+    gpu = found.gpu
+    if gpu is not None:
+        cc = f"{gpu.capability[0]}.{gpu.capability[1]}"
+        where = f"{gpu.name} (compute capability {cc})"
+        if found.tensorrt and gpu.capability >= TENSORRT_MIN_CAPABILITY:
+            return Choice("tensorrt", "cuda", f"TensorRT {found.tensorrt} supports {where}")
+        if found.tensorrt_rtx and rtx_supports(gpu.capability):
+            return Choice("tensorrt-rtx", "cuda", f"TensorRT-RTX {found.tensorrt_rtx} supports {where}")
+        missing = (
+            "no TensorRT installed"
+            if not (found.tensorrt or found.tensorrt_rtx)
+            else (f"the installed TensorRT does not support {where}")
+        )
+        if found.torch_cuda:
+            return Choice("pytorch", "cuda", f"{missing}: PyTorch on {gpu.name}")
+        return Choice("pytorch", "cpu", f"{missing} and PyTorch has no CUDA: PyTorch on the CPU")
+    if found.torch_cuda:
+        return Choice("pytorch", "cuda", "PyTorch sees a CUDA GPU (cuda-python does not): PyTorch on CUDA")
+    return Choice("pytorch", "cpu", "no CUDA GPU: PyTorch on the CPU (--backend onnxruntime is faster there)")

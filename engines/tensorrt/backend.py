@@ -1,0 +1,117 @@
+"""``--backend tensorrt`` / ``tensorrt-rtx``: export, build (both cached), load, warm up.
+
+Everything a first start does is reported as :class:`~engines.tensorrt.progress.EngineProgress`
+(export, engine cache hit or build phases, warm-up time), so the UI can show why the first
+launch takes longer and that the next one does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from engines.driver import DecoderDriver, Detokenizer
+from engines.onnx_export import ExportOptions, export_decoder
+from engines.tensorrt.builder import BuiltEngine, build_engine
+from engines.tensorrt.cuda_mem import gpu_info
+from engines.tensorrt.flavour import (
+    TensorRTUnavailable,
+    export_dtype,
+    load_flavour,
+    resolve_flavour_name,
+    rtx_supports,
+)
+from engines.tensorrt.options import EngineOptions
+from engines.tensorrt.progress import ProgressCallback, emit
+from engines.tensorrt.runtime import EngineIncompatible, TensorRTStep, runtime_cache_path
+from models.config import DecoderConfig
+
+logger = logging.getLogger(__name__)
+
+
+def load_tensorrt_decoder(
+    model_dir: Path,
+    tokenizer: Detokenizer,
+    options: EngineOptions,
+    cache_dir: Path,
+    *,
+    capacity_tokens: int = 2048,
+    progress: ProgressCallback | None = None,
+) -> DecoderDriver:
+    """The model in ``model_dir`` as a TensorRT engine on this machine's GPU.
+
+    Exports ONNX and builds the engine when the caches lack them; an engine the GPU refuses
+    (other version, damaged) is rebuilt once. Warm-up runs the profile's typical shapes and
+    its time is reported (``step.warmup_ms``) and kept out of any turn's statistics.
+
+    Raises:
+        TensorRTUnavailable: No TensorRT of that flavour, no GPU, or a GPU it does not support.
+        EngineIncompatible: The engine still does not run after a rebuild.
+    """
+    flavour = load_flavour(resolve_flavour_name(options.flavour))
+    gpu = gpu_info()
+    if gpu is None:
+        raise TensorRTUnavailable(
+            "a TensorRT engine runs on an NVIDIA GPU and none is usable here (cuda-python sees no "
+            "device or driver); use --backend pytorch or onnxruntime"
+        )
+    if flavour.is_rtx and not rtx_supports(gpu.capability):
+        major, minor = gpu.capability
+        raise TensorRTUnavailable(
+            f"TensorRT-RTX does not run on {gpu.name} (compute capability {major}.{minor}); "
+            "use --backend tensorrt (full TensorRT) or pytorch"
+        )
+    if flavour.is_rtx and options.targets == "auto":
+        options = replace(options, targets=f"sm{gpu.capability[0]}{gpu.capability[1]}")
+    dtype, _ = export_dtype(flavour.name, options.precision)
+    emit(progress, "export", f"ONNX export ({dtype})")
+    exported = export_decoder(model_dir, ExportOptions(dtype=dtype))
+    calibration = None
+    if options.precision == "int8":
+        from engines.tensorrt.calibration import calibration_ids
+
+        calibration = calibration_ids(tokenizer)
+
+    def build(force: bool) -> BuiltEngine:
+        return build_engine(
+            exported,
+            options,
+            cache_dir,
+            flavour_name=flavour.name,
+            progress=progress,
+            force=force,
+            calibration_ids=calibration,
+            gpu=gpu,
+        )
+
+    config = DecoderConfig.from_dir(model_dir)
+    built = build(False)
+    name = f"{flavour.name} {options.precision}"
+    rc_path = runtime_cache_path(cache_dir, flavour, gpu) if flavour.is_rtx else None
+    try:
+        step = TensorRTStep(
+            flavour, built.path.read_bytes(), config, capacity_tokens,
+            cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, name=name,
+        )  # fmt: skip
+    except EngineIncompatible as e:
+        if not built.cache_hit:
+            raise
+        logger.warning("cached engine %s does not run here (%s); building it again", built.path, e)
+        emit(progress, "rebuild", f"cached engine does not run here ({e}); building again")
+        built = build(True)
+        step = TensorRTStep(
+            flavour, built.path.read_bytes(), config, capacity_tokens,
+            cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, name=name,
+        )  # fmt: skip
+    step.engine_path = built.path
+    if options.warmup:
+        warmup_ms = step.warm_up(options.prefill_opt_tokens, options.context_opt_tokens)
+        emit(progress, "warmup", f"warm-up {warmup_ms:.0f} ms")
+        logger.info("%s: warm-up %.0f ms", name, warmup_ms)
+    logger.info(
+        "%s: %s (%s), KV cache %d tokens on %s",
+        name, built.path, "cached" if built.cache_hit else f"built in {built.build_s:.1f} s",
+        step.capacity_tokens, gpu.name,
+    )  # fmt: skip
+    return DecoderDriver(step, tokenizer, config.eos_token_ids)

@@ -1,0 +1,358 @@
+"""Build TensorRT / TensorRT-RTX engines from the ONNX export, once per identity, into the cache.
+
+``build_engine`` parses the export (every parser error is reported with its node), sets the
+precision (strongly typed from the graph's dtype, or builder flags + INT8 calibration on full
+TensorRT), the workspace limit, the compute-capability targets (RTX) and two optimization
+profiles (prefill and decode, ``options.py``), reports TensorRT's progress as
+:class:`~engines.tensorrt.progress.EngineProgress` events, reuses the timing cache (full
+TensorRT) and stores the engine with its record (``cache.py``). A cached engine whose record
+and bytes check out is returned without touching the builder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engines.onnx_export import CONTRACT, INPUT_IDS, POSITION_IDS, SIDECAR, ExportedDecoder, past_names
+from engines.tensorrt import cache
+from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
+from engines.tensorrt.flavour import (
+    Flavour,
+    TensorRTUnavailable,
+    export_dtype,
+    load_flavour,
+    network_flags,
+    rtx_supports,
+    set_precision_flags,
+    set_targets,
+    target_name,
+)
+from engines.tensorrt.options import EngineOptions, EngineOptionsError, profile_shapes
+from engines.tensorrt.progress import ProgressCallback, emit, make_monitor
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_TOKENS = 128  # length of each INT8 calibration chunk (one shape, empty KV cache)
+
+
+class EngineBuildError(RuntimeError):
+    """TensorRT could not parse the export or build the engine."""
+
+
+class OnnxParseError(EngineBuildError):
+    """The ONNX parser rejected the export; ``errors`` holds one line per parser error."""
+
+    def __init__(self, path: Path, errors: list[str]) -> None:
+        self.errors = errors
+        listing = "\n".join(f"  {e}" for e in errors)
+        super().__init__(f"TensorRT's ONNX parser rejected {path} with {len(errors)} error(s):\n{listing}")
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """An engine in the cache. ``build_s`` is 0 on a cache hit; ``notice`` says why it was rebuilt."""
+
+    path: Path
+    record: dict[str, Any]
+    cache_hit: bool
+    build_s: float = 0.0
+    notice: str | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        """Size of the serialized engine."""
+        return int(self.record["engine"]["size"])
+
+
+def builder_code_sha256() -> str:
+    """sha256 of the code that decides what is built, so editing it invalidates cached engines."""
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("builder.py", "flavour.py", "options.py", "calibration.py"):
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()
+
+
+def onnx_sha256(exported: ExportedDecoder) -> str:
+    """One sha256 for the export's files, from the sha256s its ``export.json`` recorded."""
+    files = json.loads((exported.path.parent / SIDECAR).read_text())["files"]
+    return engine_digest({name: files[name]["sha256"] for name in sorted(files)})
+
+
+def engine_digest(value: Any) -> str:
+    """sha256 of a JSON-able value (canonical form)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def resolve_targets(flavour: Flavour, options: EngineOptions, gpu: GpuInfo | None) -> tuple[str, ...]:
+    """The compute capabilities the engine is built for.
+
+    Raises:
+        EngineOptionsError: ``auto`` without a GPU, or RTX on a GPU it does not support.
+        TensorRTUnavailable: Full TensorRT without a GPU (it builds on the GPU it targets).
+    """
+    targets = options.target_list()
+    if not flavour.is_rtx:
+        if gpu is None:
+            raise TensorRTUnavailable(
+                "full TensorRT builds engines on the GPU they run on, and there is none here"
+            )
+        return (target_name(gpu.capability),)
+    if targets != ("auto",):
+        return targets
+    if gpu is None:
+        raise EngineOptionsError("no GPU here to build for: pass --target (sm80, sm86, sm89, sm120, sm121)")
+    if not rtx_supports(gpu.capability):
+        raise EngineOptionsError(
+            f"TensorRT-RTX does not run on {gpu.name} (compute capability "
+            f"{gpu.capability[0]}.{gpu.capability[1]}); use full TensorRT (--flavour tensorrt)"
+        )
+    return (target_name(gpu.capability),)
+
+
+def engine_identity(
+    flavour: Flavour,
+    options: EngineOptions,
+    targets: tuple[str, ...],
+    exported: ExportedDecoder,
+    gpu: GpuInfo | None,
+) -> dict[str, Any]:
+    """Everything that shapes the engine; its hash is the cache key."""
+    _, strongly_typed = export_dtype(flavour.name, options.precision)
+    identity = {
+        "flavour": flavour.name,
+        "version": flavour.version,
+        "targets": list(targets),
+        "device": "" if flavour.is_rtx or gpu is None else gpu.name,
+        "precision": options.precision,
+        "strongly_typed": strongly_typed,
+        "onnx_sha256": onnx_sha256(exported),
+        "contract": CONTRACT,
+        "profile": {
+            **options.profile_record(),
+            "decode_profile": flavour.decode_profile(options.decode_profile),
+        },
+        "workspace_mib": options.workspace_mib,
+        "optimization_level": options.optimization_level,
+        "builder_code_sha256": builder_code_sha256(),
+    }
+    return {**identity, "key": engine_digest(identity)}
+
+
+def entry_folder(cache_dir: Path, model_id: str, identity: dict[str, Any]) -> Path:
+    """``<model>-<flavour>-<targets>-<precision>-<key12>`` under ``cache_dir``."""
+    name = "-".join(
+        [
+            model_id,
+            identity["flavour"],
+            "+".join(identity["targets"]),
+            identity["precision"],
+            identity["key"][:12],
+        ]
+    )
+    return cache_dir / cache.slug(name)
+
+
+def build_engine(
+    exported: ExportedDecoder,
+    options: EngineOptions,
+    cache_dir: Path,
+    *,
+    flavour_name: str = "tensorrt-rtx",
+    progress: ProgressCallback | None = None,
+    force: bool = False,
+    cancel: threading.Event | None = None,
+    calibration_ids: list[list[int]] | None = None,
+    gpu: GpuInfo | None = None,
+) -> BuiltEngine:
+    """The engine for ``exported`` and ``options``: from the cache, or built now.
+
+    Args:
+        exported: The ONNX export; its dtype must be the one the precision needs
+            (:func:`~engines.tensorrt.flavour.export_dtype`).
+        options: Precision, targets, workspace, profiles.
+        cache_dir: The engine cache folder.
+        flavour_name: ``tensorrt`` or ``tensorrt-rtx`` (resolve ``auto`` first).
+        progress: Receives :class:`~engines.tensorrt.progress.EngineProgress` events.
+        force: Build even when a usable engine is cached.
+        cancel: Set it to stop a build at TensorRT's next step.
+        calibration_ids: Token ids of representative snippets (required for ``int8``).
+        gpu: The GPU to build for; probed with cuda-python when ``None``.
+
+    Raises:
+        EngineOptionsError: Bad options, or a precision the flavour cannot build.
+        TensorRTUnavailable: The flavour is not installed, or needs a GPU that is not here.
+        OnnxParseError: The parser rejected the export (every error listed).
+        EngineBuildError: The build failed or was cancelled.
+    """
+    options.validate()
+    flavour = load_flavour(flavour_name)
+    dtype, strongly_typed = export_dtype(flavour.name, options.precision)
+    if exported.metadata.get("assistant.dtype") != dtype:
+        raise EngineOptionsError(
+            f"{options.precision} engines are built from the {dtype} export, not "
+            f"{exported.metadata.get('assistant.dtype')} ({exported.path})"
+        )
+    gpu = gpu or gpu_info()
+    targets = resolve_targets(flavour, options, gpu)
+    identity = engine_identity(flavour, options, targets, exported, gpu)
+    model_id = exported.metadata.get("assistant.model_id", "decoder")
+    folder = entry_folder(cache_dir, model_id, identity)
+    notice = "forced" if force else None
+    if folder.exists() and not force:
+        problem = cache.check_entry(folder, identity)
+        if problem is None:
+            emit(progress, "cached", f"engine cache hit: {folder}")
+            return BuiltEngine(folder / cache.ENGINE_FILE, cache.read_record(folder), True)
+        notice = f"cached engine unusable, building again: {problem}"
+        logger.warning("%s", notice)
+        emit(progress, "rebuild", notice)
+    start = time.monotonic()
+    caches_dir = cache_dir / cache.CACHES_DIR
+    calibrator = None
+    if options.precision == "int8":
+        from engines.tensorrt.calibration import make_calibrator
+
+        if not calibration_ids:
+            raise EngineOptionsError("int8 needs calibration snippets (calibration_ids)")
+        sample_sha = engine_digest(calibration_ids)[:12]
+        cache_path = caches_dir / f"calibration-{identity['onnx_sha256'][:16]}-{sample_sha}.bin"
+        length = min(options.prefill_opt_tokens, CALIBRATION_TOKENS)
+        calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
+    serialized = _build(
+        flavour, exported, options, targets, strongly_typed, gpu, caches_dir, progress, cancel, calibrator
+    )
+    build_s = time.monotonic() - start
+    emit(progress, "save", f"writing {folder}")
+    record = {
+        **identity,
+        "model_id": model_id,
+        "onnx": {"path": str(exported.path), "dtype": dtype},
+        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "build_s": round(build_s, 2),
+        "verified": None,
+    }
+    try:
+        record = cache.write_entry(folder, memoryview(serialized), record)
+    except OSError as e:
+        raise EngineBuildError(f"cannot write the engine under {cache_dir}: {e}") from e
+    logger.info("built %s in %.1f s (%d MB)", folder, build_s, record["engine"]["size"] // 10**6)
+    emit(progress, "done", f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}")
+    return BuiltEngine(folder / cache.ENGINE_FILE, record, False, build_s, notice)
+
+
+def make_logger(trt: Any) -> Any:
+    """An ``ILogger`` sending TensorRT's messages to :mod:`logging` (info and verbose at debug)."""
+
+    class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity: Any, msg: str) -> None:
+            s = trt.ILogger.Severity
+            level = {
+                s.INTERNAL_ERROR: logging.ERROR,
+                s.ERROR: logging.ERROR,
+                s.WARNING: logging.WARNING,
+            }.get(severity, logging.DEBUG)
+            if "Int64 binding" in msg:  # the runtime binds int64 ids, as the parser asks
+                level = logging.DEBUG
+            logger.log(level, "TensorRT: %s", msg)
+
+    return Logger()
+
+
+def _parse(
+    flavour: Flavour, trt_logger: Any, builder: Any, path: Path, strongly_typed: bool
+) -> tuple[Any, Any]:
+    network = builder.create_network(network_flags(flavour, strongly_typed))
+    parser = flavour.trt.OnnxParser(network, trt_logger)
+    if not parser.parse_from_file(str(path)):
+        errors = []
+        for i in range(parser.num_errors):
+            e = parser.get_error(i)
+            errors.append(f"node {e.node()} {e.node_name()!r} ({e.node_operator()}): {e.desc()} [{e.code()}]")
+        raise OnnxParseError(path, errors or ["(the parser gave no details)"])
+    return network, parser
+
+
+def _build(
+    flavour: Flavour,
+    exported: ExportedDecoder,
+    options: EngineOptions,
+    targets: tuple[str, ...],
+    strongly_typed: bool,
+    gpu: GpuInfo | None,
+    caches_dir: Path,
+    progress: ProgressCallback | None,
+    cancel: threading.Event | None,
+    calibrator: Any,
+) -> Any:
+    """Parse and build; returns TensorRT's serialized engine (``IHostMemory``)."""
+    trt = flavour.trt
+    trt_logger = make_logger(trt)
+    builder = trt.Builder(trt_logger)
+    emit(progress, "parse", f"parsing {exported.path}")
+    network, _parser = _parse(flavour, trt_logger, builder, exported.path, strongly_typed)
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
+    config.builder_optimization_level = options.optimization_level
+    set_targets(flavour, config, targets)
+    set_precision_flags(flavour, config, options.precision, strongly_typed)
+    meta = exported.metadata
+    num_layers = int(meta["assistant.num_layers"])
+    kv_heads, head_dim = int(meta["assistant.num_kv_heads"]), int(meta["assistant.head_dim"])
+    ranges = profile_shapes(options, kv_heads, head_dim, flavour.decode_profile(options.decode_profile))
+    inputs = {network.get_input(i).name for i in range(network.num_inputs)}
+    expected = {INPUT_IDS, POSITION_IDS, *past_names(num_layers)}
+    if inputs != expected:
+        raise EngineBuildError(
+            f"{exported.path} does not follow the {CONTRACT} contract (inputs {sorted(inputs)})"
+        )
+    profiles = []
+    for shapes in ranges:
+        profile = builder.create_optimization_profile()
+        for name in sorted(inputs):
+            r = shapes["ids"] if name in (INPUT_IDS, POSITION_IDS) else shapes["past"]
+            profile.set_shape(name, r.min, r.opt, r.max)
+        config.add_optimization_profile(profile)
+        profiles.append(profile)
+    timing_path = None
+    if not flavour.is_rtx:  # TensorRT-RTX tunes at run time (runtime cache) instead
+        device = cache.slug(gpu.name if gpu else "gpu")
+        timing_path = caches_dir / f"timing-{flavour.name}-{flavour.version}-{device}-{targets[0]}.bin"
+        blob = cache.load_blob(timing_path, "timing")
+        timing = config.create_timing_cache(blob or b"")
+        if not config.set_timing_cache(timing, False):
+            logger.warning("TensorRT rejected the timing cache %s; tuning from scratch", timing_path)
+            config.set_timing_cache(config.create_timing_cache(b""), False)
+    if calibrator is not None:
+        # Calibration runs at one shape: the packed snippet length, with an empty KV cache.
+        length = calibrator.length_tokens
+        calibration = builder.create_optimization_profile()
+        for name in sorted(inputs):
+            if name in (INPUT_IDS, POSITION_IDS):
+                calibration.set_shape(name, (1, length), (1, length), (1, length))
+            else:
+                empty = (1, kv_heads, 0, head_dim)
+                calibration.set_shape(name, empty, empty, empty)
+        config.int8_calibrator = calibrator
+        config.set_calibration_profile(calibration)
+    monitor = make_monitor(trt, progress, cancel)  # must outlive the build
+    config.progress_monitor = monitor
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        if cancel is not None and cancel.is_set():
+            raise EngineBuildError("engine build cancelled")
+        raise EngineBuildError("TensorRT could not build the engine (its errors are logged above)")
+    if timing_path is not None:
+        cache.save_blob(timing_path, bytes(memoryview(config.get_timing_cache().serialize())), "timing")
+    return serialized

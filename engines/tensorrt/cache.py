@@ -1,0 +1,243 @@
+"""The engine cache: one folder per engine, keyed by everything that shaped it, plus tuning caches.
+
+Layout under the cache folder (``<store>/engines`` in the app)::
+
+    <model>-<flavour>-<target>-<precision>-<key>/decoder.engine   the serialized engine
+    <model>-<flavour>-<target>-<precision>-<key>/engine.json      what it was built from and for,
+                                                                  size + sha256; written last
+    _caches/timing-<flavour>-<version>-<gpu>.bin                  TensorRT timing cache
+    _caches/runtime-<flavour>-<version>-<gpu>.bin                 TensorRT-RTX runtime cache
+    _caches/calibration-<onnx sha>-<snippets sha>.bin             INT8 calibration scales
+
+``key`` hashes the ONNX files (their sha256), the build options, the flavour and its version,
+the targets and the builder code. An entry is reused only when its record says exactly that
+(else it is "foreign": another TensorRT version or GPU) and the engine file matches its size and
+sha256 (else truncated or corrupt); anything else is reported and rebuilt. Tuning caches carry
+a small header with their own sha256, so a damaged one is ignored with a warning instead of
+reaching TensorRT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ENGINE_FILE = "decoder.engine"
+RECORD_FILE = "engine.json"
+CACHES_DIR = "_caches"
+BLOB_MAGIC = b"assistant-trt-cache/1\n"
+# Fields of engine.json that must equal what the caller expects; a difference means foreign.
+IDENTITY = ("key", "flavour", "version", "targets", "device", "precision", "onnx_sha256")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def engine_key(identity: dict[str, Any]) -> str:
+    """sha256 over a canonical JSON of everything that shapes an engine."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of ``text`` (GPU names, versions)."""
+    return "".join(c if c.isalnum() or c in ".-+" else "_" for c in text).strip("_") or "unknown"
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One cache folder as ``assistant engine list`` shows it; ``problem`` is why it is unusable."""
+
+    folder: Path
+    record: dict[str, Any]
+    size_bytes: int
+    problem: str | None
+
+    @property
+    def engine_path(self) -> Path:
+        """The serialized engine inside the folder."""
+        return self.folder / ENGINE_FILE
+
+    def describe(self) -> str:
+        """``tensorrt-rtx 1.7.1.116 sm89 fp16, prefill 1/128/512, context 2048, verified``."""
+        r = self.record
+        if not r:
+            return self.problem or "no record"
+        p = r.get("profile", {})
+        verified = r.get("verified") or {}
+        state = "verified" if verified.get("passed") else "not verified"
+        return (
+            f"{r.get('model_id', '?')}: {r.get('flavour', '?')} {r.get('version', '?')} "
+            f"{','.join(r.get('targets', []))} {r.get('precision', '?')}, prefill "
+            f"{p.get('prefill_min_tokens')}/{p.get('prefill_opt_tokens')}/{p.get('prefill_max_tokens')}, "
+            f"context {p.get('context_max_tokens')}, {state}"
+        )
+
+
+def read_record(folder: Path) -> dict[str, Any]:
+    """The engine.json of ``folder``.
+
+    Raises:
+        FileNotFoundError: No record (an interrupted build).
+        ValueError: Not a JSON object.
+    """
+    record = json.loads((folder / RECORD_FILE).read_text())
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    return record
+
+
+def check_entry(folder: Path, expected: dict[str, Any] | None = None) -> str | None:
+    """Why the engine in ``folder`` cannot be reused, or ``None`` when it can.
+
+    Args:
+        folder: A cache folder.
+        expected: Identity fields (:data:`IDENTITY`) the record must carry; ``None`` checks
+            the files only.
+    """
+    try:
+        record = read_record(folder)
+        size, sha = int(record["engine"]["size"]), str(record["engine"]["sha256"])
+    except FileNotFoundError:
+        return f"{folder / RECORD_FILE} is missing (interrupted build?)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{folder / RECORD_FILE} is unreadable ({e})"
+    for field in IDENTITY if expected is not None else ():
+        if record.get(field) != expected.get(field):  # type: ignore[union-attr]
+            return (
+                f"foreign engine: built with {field} {record.get(field)!r}, this build needs "
+                f"{expected.get(field)!r}"  # type: ignore[union-attr]
+            )
+    path = folder / ENGINE_FILE
+    if not path.is_file():
+        return f"{path} is missing"
+    if path.stat().st_size != size:
+        return f"{path} has {path.stat().st_size} bytes, {size} expected (truncated?)"
+    if sha256_file(path) != sha:
+        return f"{path} does not match its recorded sha256 (corrupt)"
+    return None
+
+
+def write_entry(folder: Path, engine: memoryview | bytes, record: dict[str, Any]) -> dict[str, Any]:
+    """Stage the engine and its record in a temporary folder, then rename it into place.
+
+    Returns the record as written (with the engine's size and sha256 added).
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    data = memoryview(engine)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as tmp:
+        staged = Path(tmp) / "out"
+        staged.mkdir()
+        (staged / ENGINE_FILE).write_bytes(data)
+        full = {**record, "engine": {"size": data.nbytes, "sha256": hashlib.sha256(data).hexdigest()}}
+        (staged / RECORD_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        staged.rename(folder)
+    return full
+
+
+def update_record(folder: Path, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into an entry's record (atomically: write, then rename)."""
+    record = {**read_record(folder), **fields}
+    tmp = folder / f".{RECORD_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(folder / RECORD_FILE)
+    return record
+
+
+def _folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def list_entries(cache_dir: Path, *, check_files: bool = True) -> list[EngineEntry]:
+    """Every engine folder, sorted by name; ``check_files`` also hashes each engine."""
+    if not cache_dir.is_dir():
+        return []
+    entries = []
+    for folder in sorted(p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        try:
+            record = read_record(folder)
+        except (OSError, ValueError):
+            record = {}
+        problem = check_entry(folder) if check_files or not record else None
+        entries.append(EngineEntry(folder, record, _folder_size(folder), problem))
+    return entries
+
+
+def clear_entries(
+    cache_dir: Path, keep: Callable[[EngineEntry], bool] = lambda _e: False
+) -> list[EngineEntry]:
+    """Delete the engine folders ``keep`` rejects (all by default); returns what was removed."""
+    removed = []
+    for entry in list_entries(cache_dir, check_files=False):
+        if not keep(entry):
+            shutil.rmtree(entry.folder, ignore_errors=True)
+            removed.append(entry)
+    for stale in cache_dir.glob(".*-*") if cache_dir.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)  # leftovers of interrupted builds
+    return removed
+
+
+def tuning_caches(cache_dir: Path) -> list[Path]:
+    """The timing, runtime and calibration cache files."""
+    folder = cache_dir / CACHES_DIR
+    return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+
+
+def load_blob(path: Path, tag: str) -> bytes | None:
+    """The payload of a tuning cache written by :func:`save_blob`, or ``None``.
+
+    A missing file is silent; a damaged or foreign one (bad header, tag, size or sha256) is
+    logged as a warning and ignored: the caller starts with an empty cache.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        logger.warning("cannot read %s, starting without it: %s", path, e)
+        return None
+    problem = None
+    if not data.startswith(BLOB_MAGIC):
+        problem = "not an assistant tuning cache"
+    else:
+        header, _, payload = data[len(BLOB_MAGIC) :].partition(b"\n")
+        try:
+            meta = json.loads(header)
+            if meta["tag"] != tag:
+                problem = f"made for {meta['tag']!r}, not {tag!r}"
+            elif meta["size"] != len(payload) or meta["sha256"] != hashlib.sha256(payload).hexdigest():
+                problem = "size or sha256 mismatch (truncated or corrupt)"
+        except (ValueError, KeyError, TypeError) as e:
+            problem = f"unreadable header ({e})"
+    if problem:
+        logger.warning("ignoring %s (%s); it will be rebuilt", path, problem)
+        return None
+    return payload
+
+
+def save_blob(path: Path, payload: bytes, tag: str) -> None:
+    """Write a tuning cache with its header (atomically); a failure is only a warning."""
+    header = json.dumps({"tag": tag, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(BLOB_MAGIC + header.encode() + b"\n" + payload)
+        tmp.replace(path)
+    except OSError as e:
+        logger.warning("cannot save %s: %s", path, e)

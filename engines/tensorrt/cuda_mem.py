@@ -1,0 +1,182 @@
+"""Just enough CUDA through cuda-python (``cuda.bindings.runtime``): GPU facts, buffers, a stream.
+
+No torch at runtime. Every call's status is checked; a failure raises :class:`CudaError`
+naming the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class CudaError(RuntimeError):
+    """A CUDA runtime call failed (or cuda-python / the driver is missing)."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPU CUDA device 0 is: name, compute capability, memory."""
+
+    name: str
+    capability: tuple[int, int]
+    memory_bytes: int
+
+
+def cudart() -> Any:
+    """The ``cuda.bindings.runtime`` module.
+
+    Raises:
+        CudaError: cuda-python is not installed.
+    """
+    try:
+        from cuda.bindings import runtime
+    except ImportError as e:
+        raise CudaError("cuda-python is not installed; pip install 'cuda-python>=12.6'") from e
+    return runtime
+
+
+def check(result: Any, call: str) -> Any:
+    """Unpack a cuda-python ``(status, *values)`` result; raise on a failed status."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    rt = cudart()
+    if status != rt.cudaError_t.cudaSuccess:
+        _, text = rt.cudaGetErrorString(status)
+        raise CudaError(f"{call} failed: {status.name} ({text.decode(errors='replace')})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def gpu_info(device: int = 0) -> GpuInfo | None:
+    """Facts about a CUDA device, or ``None`` without cuda-python, a driver or a GPU."""
+    try:
+        rt = cudart()
+        count = check(rt.cudaGetDeviceCount(), "cudaGetDeviceCount")
+        if count <= device:
+            return None
+        prop = check(rt.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+    except CudaError:
+        return None
+    name = (
+        prop.name.decode(errors="replace").rstrip("\x00") if isinstance(prop.name, bytes) else str(prop.name)
+    )
+    return GpuInfo(name, (int(prop.major), int(prop.minor)), int(prop.totalGlobalMem))
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory (``cudaMalloc``), freed by :meth:`free`."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = max(int(nbytes), 1)
+        self.ptr = int(check(cudart().cudaMalloc(self.nbytes), "cudaMalloc"))
+
+    def free(self) -> None:
+        """Release the memory (idempotent)."""
+        if self.ptr:
+            check(cudart().cudaFree(self.ptr), "cudaFree")
+            self.ptr = 0
+
+
+class PinnedArray:
+    """A page-locked host array (``cudaMallocHost``) seen as numpy, for async copies."""
+
+    def __init__(self, count: int, dtype: np.dtype[Any] | type) -> None:
+        self.dtype = np.dtype(dtype)
+        self.nbytes = max(count, 1) * self.dtype.itemsize
+        self.ptr = int(check(cudart().cudaMallocHost(self.nbytes), "cudaMallocHost"))
+        raw = memoryview((ctypes.c_byte * self.nbytes).from_address(self.ptr)).cast("B")
+        self.array = np.frombuffer(raw, dtype=self.dtype, count=max(count, 1))
+
+    def free(self) -> None:
+        """Release the memory (idempotent)."""
+        if self.ptr:
+            check(cudart().cudaFreeHost(self.ptr), "cudaFreeHost")
+            self.ptr = 0
+
+
+class Stream:
+    """A non-default CUDA stream; ``handle`` is what TensorRT's ``execute_async_v3`` takes."""
+
+    def __init__(self) -> None:
+        rt = cudart()
+        self.stream = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreate")
+        self.handle = int(self.stream)
+
+    def copy(self, dst: int, src: int, nbytes: int, kind: str) -> None:
+        """Async copy; ``kind`` is ``h2d``, ``d2h`` or ``d2d``."""
+        rt = cudart()
+        kinds = {
+            "h2d": rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
+            "d2h": rt.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+            "d2d": rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
+        }
+        check(rt.cudaMemcpyAsync(dst, src, nbytes, kinds[kind], self.stream), "cudaMemcpyAsync")
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
+        """Async device-to-device copy of ``rows`` rows of ``width`` bytes (``cudaMemcpy2DAsync``)."""
+        rt = cudart()
+        kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        check(
+            rt.cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, kind, self.stream),
+            "cudaMemcpy2DAsync",
+        )
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the stream."""
+        check(cudart().cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def destroy(self) -> None:
+        """Release the stream (idempotent)."""
+        if self.handle:
+            check(cudart().cudaStreamDestroy(self.stream), "cudaStreamDestroy")
+            self.handle = 0
+
+
+class GraphCache:
+    """CUDA graphs of repeated launches, keyed by the caller (least recently used dropped).
+
+    Used for full TensorRT's decode step: with the past -> present contract every decode
+    position is a new shape, so a graph only pays off when a shape comes back.
+    """
+
+    def __init__(self, stream: Stream, max_graphs: int = 256) -> None:
+        self.stream = stream
+        self.max_graphs = max_graphs
+        self.graphs: dict[Any, tuple[Any, Any]] = {}
+
+    def launch(self, key: Any) -> bool:
+        """Replay the graph of ``key`` if captured; ``False`` when there is none."""
+        entry = self.graphs.pop(key, None)
+        if entry is None:
+            return False
+        self.graphs[key] = entry  # most recently used last
+        check(cudart().cudaGraphLaunch(entry[1], self.stream.stream), "cudaGraphLaunch")
+        return True
+
+    def capture(self, key: Any, enqueue: Any) -> None:
+        """Record what ``enqueue()`` puts on the stream as the graph of ``key`` (not run now)."""
+        rt = cudart()
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        check(rt.cudaStreamBeginCapture(self.stream.stream, mode), "cudaStreamBeginCapture")
+        try:
+            enqueue()
+        finally:
+            graph = check(rt.cudaStreamEndCapture(self.stream.stream), "cudaStreamEndCapture")
+        exec_graph = check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        self.graphs[key] = (graph, exec_graph)
+        while len(self.graphs) > self.max_graphs:
+            self._destroy(self.graphs.pop(next(iter(self.graphs))))
+
+    def _destroy(self, entry: tuple[Any, Any]) -> None:
+        rt = cudart()
+        check(rt.cudaGraphExecDestroy(entry[1]), "cudaGraphExecDestroy")
+        check(rt.cudaGraphDestroy(entry[0]), "cudaGraphDestroy")
+
+    def clear(self) -> None:
+        """Destroy every graph."""
+        while self.graphs:
+            self._destroy(self.graphs.popitem()[1])

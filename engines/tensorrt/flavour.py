@@ -1,0 +1,226 @@
+"""NVIDIA TensorRT and TensorRT for RTX: every API difference between them lives here.
+
+- GPUs: TensorRT runs on any NVIDIA GPU it supports; TensorRT-RTX on RTX-class compute
+  capabilities 8.0, 8.6, 8.9, 12.0, 12.1 (it refuses 9.0, the H100/H200).
+- Where engines are built: TensorRT on the target GPU (autotuning runs there); TensorRT-RTX
+  ahead of time without a GPU, for the compute capabilities named at build time.
+- Precision: TensorRT takes builder flags on an fp32 graph (FP16, BF16, INT8 with a
+  calibrator) or a strongly typed graph; TensorRT-RTX is strongly typed only (the ONNX dtypes
+  decide), with weight-only INT8/INT4 from a graph whose weights are already quantized.
+- Tuning results: TensorRT's timing cache (``ITimingCache``) at build time; TensorRT-RTX's
+  runtime cache of JIT-compiled kernels (``IRuntimeCache``) at run time.
+- CUDA graphs: captured by our runtime per shape on TensorRT; built into TensorRT-RTX
+  (``IRuntimeConfig.cuda_graph_strategy``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from engines.tensorrt.options import EngineOptionsError
+
+# ComputeCapability members of TensorRT-RTX 1.7 (SM75 builds, but 1.7's runtime lists 8.0+).
+RTX_TARGETS = {
+    "sm75": "SM75",
+    "sm80": "SM80",
+    "sm86": "SM86",
+    "sm89": "SM89",
+    "sm120": "SM120",
+    "sm121": "SM121",
+}
+# From TensorRT-RTX 1.7.1's own refusal message on a 9.0 GPU ("Supported compute capabilities").
+RTX_RUNNABLE = {(8, 0), (8, 6), (8, 9), (12, 0), (12, 1)}
+INSTALL_HINT = {
+    "tensorrt": "pip install tensorrt (its wheel fetches the libraries from NVIDIA's package index)",
+    "tensorrt-rtx": "pip install 'local-voice-assistant[tensorrt-rtx]' "
+    "(tensorrt-rtx-cu13-libs + tensorrt-rtx-cu13-bindings 1.7.1.116)",
+}
+
+
+class TensorRTUnavailable(RuntimeError):
+    """The requested TensorRT flavour cannot be imported or used on this machine."""
+
+
+class UnsupportedPrecision(EngineOptionsError):
+    """The flavour cannot build this precision from the ONNX export (yet)."""
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One TensorRT flavour: its module and what it can do."""
+
+    name: str
+    trt: Any  # the imported module (``tensorrt`` or ``tensorrt_rtx``)
+    version: str
+
+    @property
+    def is_rtx(self) -> bool:
+        """TensorRT for RTX (strongly typed, ahead-of-time, runtime cache)."""
+        return self.name == "tensorrt-rtx"
+
+    def decode_profile(self, requested: bool | None) -> bool:
+        """Whether engines get a separate decode profile (``None``: this flavour's default)."""
+        return (not self.is_rtx) if requested is None else requested
+
+    @property
+    def builds_without_gpu(self) -> bool:
+        """Whether engines can be built on a machine without a GPU."""
+        return self.is_rtx
+
+
+def load_flavour(name: str) -> Flavour:
+    """Import ``tensorrt`` or TensorRT-RTX.
+
+    Raises:
+        TensorRTUnavailable: Not installed (or broken), with the install command.
+    """
+    modules = {"tensorrt": ("tensorrt",), "tensorrt-rtx": ("tensorrt_rtx", "tensorrt_rtx_bindings")}
+    if name not in modules:
+        raise TensorRTUnavailable(f"TensorRT flavour {name!r} unknown; use {' or '.join(modules)}")
+    errors = []
+    for module_name in modules[name]:
+        try:
+            module = importlib.import_module(module_name)
+        except (ImportError, OSError) as e:  # OSError: a wheel whose shared libraries fail to load
+            errors.append(f"{module_name}: {e}")
+            continue
+        return Flavour(name, module, str(module.__version__))
+    raise TensorRTUnavailable(f"{name} is not usable here ({'; '.join(errors)}); {INSTALL_HINT[name]}")
+
+
+def resolve_flavour_name(requested: str) -> str:
+    """``auto`` -> ``tensorrt`` when importable, else ``tensorrt-rtx``."""
+    if requested != "auto":
+        return requested
+    try:
+        load_flavour("tensorrt")
+    except TensorRTUnavailable:
+        return "tensorrt-rtx"
+    return "tensorrt"
+
+
+def export_dtype(flavour_name: str, precision: str) -> tuple[str, bool]:
+    """The ONNX export dtype a precision is built from, and whether the network is strongly typed.
+
+    fp16/fp32 come from the graph of that dtype, strongly typed (both flavours). Full TensorRT
+    builds bf16 and int8 from the fp32 graph with builder flags (weakly typed; int8 adds
+    post-training calibration). TensorRT-RTX is strongly typed only.
+
+    Raises:
+        UnsupportedPrecision: TensorRT-RTX asked for bf16 or int8, naming what to do instead.
+    """
+    if precision in ("fp16", "fp32"):
+        return precision, True
+    if flavour_name == "tensorrt":
+        return "fp32", False
+    if precision == "bf16":
+        raise UnsupportedPrecision(
+            "TensorRT-RTX is strongly typed, so BF16 needs a bf16 ONNX graph, and 'assistant engine "
+            "export' writes fp32 and fp16 only; build --precision fp16 (same speed class on RTX GPUs)"
+        )
+    raise UnsupportedPrecision(
+        "TensorRT-RTX has no INT8 calibrator: it builds weight-only INT8/INT4 from a graph whose "
+        "weights are already quantized (Q/DQ or MatMulNBits), which the export does not produce yet; "
+        "build --precision fp16, or use full TensorRT (--flavour tensorrt) for calibrated INT8"
+    )
+
+
+def network_flags(flavour: Flavour, strongly_typed: bool) -> int:
+    """``create_network`` flags (explicit batch is the only mode since TensorRT 10)."""
+    if not strongly_typed:
+        return 0
+    return 1 << int(flavour.trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+
+def set_precision_flags(flavour: Flavour, config: Any, precision: str, strongly_typed: bool) -> None:
+    """Builder flags of a weakly typed build (full TensorRT only; int8 keeps fp16 fallbacks)."""
+    if strongly_typed:
+        return
+    flag = flavour.trt.BuilderFlag
+    names = {"fp32": [], "fp16": ["FP16"], "bf16": ["BF16"], "int8": ["INT8", "FP16"]}[precision]
+    for name in names:
+        config.set_flag(getattr(flag, name))
+
+
+def set_targets(flavour: Flavour, config: Any, targets: tuple[str, ...]) -> None:
+    """Tell the builder which GPUs the engine is for (TensorRT-RTX only; TensorRT uses its GPU).
+
+    Raises:
+        EngineOptionsError: A target TensorRT-RTX does not know.
+    """
+    if not flavour.is_rtx:
+        return
+    unknown = [t for t in targets if t not in RTX_TARGETS]
+    if unknown or not targets:
+        raise EngineOptionsError(
+            f"TensorRT-RTX targets {', '.join(unknown) or '(none)'} unknown; use {', '.join(RTX_TARGETS)}"
+        )
+    config.num_compute_capabilities = len(targets)
+    for index, target in enumerate(targets):
+        if not config.set_compute_capability(
+            getattr(flavour.trt.ComputeCapability, RTX_TARGETS[target]), index
+        ):
+            raise EngineOptionsError(f"TensorRT-RTX {flavour.version} rejected target {target}")
+
+
+def target_name(capability: tuple[int, int]) -> str:
+    """``(8, 9)`` -> ``sm89``; ``(12, 0)`` -> ``sm120``."""
+    return f"sm{capability[0]}{capability[1]}"
+
+
+def rtx_supports(capability: tuple[int, int]) -> bool:
+    """Whether TensorRT-RTX runs engines on a GPU of this compute capability."""
+    return capability in RTX_RUNNABLE
+
+
+def runtime_config(flavour: Flavour, engine: Any, runtime_cache_blob: bytes | None, cuda_graphs: bool) -> Any:
+    """TensorRT-RTX's runtime config with its runtime cache and CUDA-graph strategy (else ``None``).
+
+    The runtime cache is loaded from ``runtime_cache_blob`` when TensorRT-RTX accepts it (it
+    checks version, GPU and driver itself); otherwise it starts empty and ``loaded`` is False.
+    """
+    if not flavour.is_rtx:
+        return None
+    trt = flavour.trt
+    config = engine.create_runtime_config()
+    cache = config.create_runtime_cache()
+    loaded = bool(runtime_cache_blob) and bool(cache.deserialize(runtime_cache_blob))
+    config.set_runtime_cache(cache)
+    strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if cuda_graphs else trt.CudaGraphStrategy.DISABLED
+    config.cuda_graph_strategy = strategy
+    return RuntimeCacheHandle(cache, config, loaded)
+
+
+def create_context(engine: Any, handle: RuntimeCacheHandle | None) -> Any:
+    """An execution context, through the RTX runtime config when there is one."""
+    if handle is None:
+        return engine.create_execution_context()
+    return engine.create_execution_context(handle.config)
+
+
+@dataclass
+class RuntimeCacheHandle:
+    """A TensorRT-RTX runtime config and cache in use, and whether the saved cache loaded."""
+
+    cache: Any
+    config: Any
+    loaded: bool
+
+    def serialize(self) -> bytes:
+        """The cache's current contents (kernels JIT-compiled so far)."""
+        return bytes(memoryview(self.cache.serialize()))
+
+
+def validity_problem(flavour: Flavour, runtime: Any, blob: bytes) -> str | None:
+    """Why TensorRT-RTX will not run this engine on this GPU, or ``None`` when it will (or can't tell)."""
+    if not flavour.is_rtx:
+        return None
+    validity, diagnostics = runtime.get_engine_validity(blob)
+    if validity != flavour.trt.EngineValidity.INVALID:
+        return None
+    reasons = [
+        m for m in flavour.trt.EngineInvalidityDiagnostics.__members__.values() if int(diagnostics) & int(m)
+    ]
+    return ", ".join(r.name.lower() for r in reasons) or "invalid engine"

@@ -1,0 +1,243 @@
+"""Run a TensorRT / TensorRT-RTX engine as the decoder's step, with cuda-python and no torch.
+
+The KV cache stays on the GPU in two buffer sets sized for the whole context: ``past`` is
+bound to the current set and ``present`` to the other (``set_tensor_address``), and they swap
+after each step, the scheme of the ONNX Runtime twin. Cutting the cache back to a common
+prefix copies that prefix into the spare set once (``cudaMemcpy2DAsync``). Prefill runs on a
+context of the prefill profile (prompts longer than its maximum go in chunks), decode on a
+context of the decode profile when the engine has one (else on the prefill context). Only
+the last token's logits come back to the host.
+
+Nothing here ran on this project's machines: TensorRT-RTX refuses the H200 (compute
+capability 9.0) and full TensorRT is not installable there (``docs/engines.md``). The
+``gpu_tensorrt`` tests exercise it on a machine that has TensorRT and a supported GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.onnx_export import INPUT_IDS, LAST_LOGITS, POSITION_IDS, past_names, present_names
+from engines.tensorrt import cache
+from engines.tensorrt.builder import make_logger
+from engines.tensorrt.cuda_mem import DeviceBuffer, GpuInfo, GraphCache, PinnedArray, Stream
+from engines.tensorrt.flavour import Flavour, create_context, runtime_config, validity_problem
+from models.config import DecoderConfig
+
+logger = logging.getLogger(__name__)
+
+PREFILL, DECODE = 0, 1  # optimization profile indices, as the builder adds them
+
+
+class EngineIncompatible(RuntimeError):
+    """The engine cannot run here (other TensorRT version, GPU or a damaged file)."""
+
+
+class EngineRuntimeError(RuntimeError):
+    """TensorRT failed while running the engine."""
+
+
+def runtime_cache_path(cache_dir: Path, flavour: Flavour, gpu: GpuInfo) -> Path:
+    """Where the TensorRT-RTX runtime cache of this GPU and version lives."""
+    name = f"runtime-{flavour.name}-{flavour.version}-{cache.slug(gpu.name)}.bin"
+    return cache_dir / cache.CACHES_DIR / name
+
+
+class TensorRTStep:
+    """A :class:`~engines.base.StepModel` over a deserialized engine.
+
+    Args:
+        flavour: The TensorRT flavour the engine was built with.
+        engine_blob: The serialized engine.
+        config: The decoder's architecture (layers, KV heads, head size, vocabulary).
+        capacity_tokens: Requested KV-cache size; capped by the engine's profile.
+        cuda_graphs: Replay decode steps as CUDA graphs (see ``EngineOptions.cuda_graphs``).
+        runtime_cache: TensorRT-RTX runtime cache file (loaded now, saved by
+            :meth:`save_runtime_cache`); ``None`` for full TensorRT.
+        name: Shown in the UI and the latency records.
+
+    Raises:
+        EngineIncompatible: TensorRT will not deserialize the engine on this GPU.
+    """
+
+    def __init__(
+        self,
+        flavour: Flavour,
+        engine_blob: bytes,
+        config: DecoderConfig,
+        capacity_tokens: int,
+        *,
+        cuda_graphs: bool = False,
+        runtime_cache: Path | None = None,
+        name: str = "tensorrt",
+    ) -> None:
+        trt = flavour.trt
+        self.flavour, self.config, self.name = flavour, config, name
+        self.runtime = trt.Runtime(make_logger(trt))
+        problem = validity_problem(flavour, self.runtime, engine_blob)
+        if problem:
+            raise EngineIncompatible(
+                f"{flavour.name} {flavour.version} will not run this engine here: {problem}"
+            )
+        self.engine = self.runtime.deserialize_cuda_engine(engine_blob)
+        if self.engine is None:
+            raise EngineIncompatible(f"{flavour.name} {flavour.version} could not deserialize the engine")
+        profiles = self.engine.num_optimization_profiles
+        if profiles not in (1, 2):
+            raise EngineIncompatible(f"expected a prefill (and a decode) profile, the engine has {profiles}")
+        self.past_names, self.present_names = past_names(config.num_layers), present_names(config.num_layers)
+        ids_min, _, ids_max = self.engine.get_tensor_profile_shape(INPUT_IDS, PREFILL)
+        self.prefill_min, self.prefill_max = int(ids_min[1]), int(ids_max[1])
+        decode = DECODE if profiles == 2 else PREFILL
+        past_max = int(self.engine.get_tensor_profile_shape(self.past_names[0], decode)[2][2])
+        self.capacity_tokens = min(capacity_tokens, past_max + 1)
+        self.runtime_cache_file = runtime_cache
+        blob = cache.load_blob(runtime_cache, "runtime") if runtime_cache else None
+        self.handle = runtime_config(flavour, self.engine, blob, cuda_graphs)
+        if self.handle is not None and blob and not self.handle.loaded:
+            logger.warning(
+                "TensorRT-RTX rejected the runtime cache %s (other version, GPU or driver)", runtime_cache
+            )
+        self.stream = Stream()
+        self.contexts = []
+        for profile in range(profiles):
+            context = create_context(self.engine, self.handle)
+            if context is None:
+                raise EngineRuntimeError("TensorRT could not create an execution context (GPU memory?)")
+            context.set_optimization_profile_async(profile, self.stream.handle)
+            self.contexts.append(context)
+        self.np_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.past_names[0])))
+        self.row_bytes = config.head_dim * self.np_dtype.itemsize  # one position of one head
+        per_tensor = config.num_kv_heads * self.capacity_tokens * self.row_bytes
+        self.kv = [[DeviceBuffer(per_tensor) for _ in self.past_names] for _ in range(2)]
+        self.ids = DeviceBuffer(self.capacity_tokens * 8)
+        self.positions = DeviceBuffer(self.capacity_tokens * 8)
+        self.logits = DeviceBuffer(config.vocab_size * 4)
+        self.host_ids = PinnedArray(self.capacity_tokens, np.int64)
+        self.host_positions = PinnedArray(self.capacity_tokens, np.int64)
+        self.host_logits = PinnedArray(config.vocab_size, np.float32)
+        # Full TensorRT: our own capture per decode shape. RTX: its built-in strategy instead.
+        self.graphs = GraphCache(self.stream) if cuda_graphs and not flavour.is_rtx else None
+        self.current = 0  # buffer set holding the cache
+        self.length_tokens = 0
+        self.warmup_ms: float | None = None
+        self.engine_path: Path | None = None  # set by the loader; the verify gate marks it
+        self.stream.synchronize()
+
+    def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
+        """Run ``token_ids`` at ``start_pos`` and return the last token's fp32 logits.
+
+        Raises:
+            ValueError: ``start_pos`` is beyond the cached positions, or the cache would overflow.
+            EngineRuntimeError: TensorRT failed to enqueue the step.
+        """
+        count = len(token_ids)
+        if count == 0 or start_pos > self.length_tokens or start_pos + count > self.capacity_tokens:
+            raise ValueError(
+                f"cannot run {count} tokens at {start_pos}: cache holds {self.length_tokens} "
+                f"of {self.capacity_tokens}"
+            )
+        if start_pos < self.length_tokens:
+            self._truncate(start_pos)
+        done = 0
+        while done < count:
+            piece = list(token_ids[done : done + self.prefill_max])
+            if 1 < len(piece) < self.prefill_min:  # shorter than the prefill profile: decode them
+                piece = piece[:1]
+            self._run(piece)
+            done += len(piece)
+        self.stream.copy(self.host_logits.ptr, self.logits.ptr, self.host_logits.nbytes, "d2h")
+        self.stream.synchronize()  # the caller's clock reads after the GPU finished
+        return self.host_logits.array.copy()
+
+    def _truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions: copy them, compacted, into the spare buffers."""
+        old, new = self.kv[self.current], self.kv[1 - self.current]
+        if length:
+            width = length * self.row_bytes
+            for src, dst in zip(old, new, strict=True):
+                pitch = self.length_tokens * self.row_bytes
+                self.stream.copy_rows(dst.ptr, width, src.ptr, pitch, width, self.config.num_kv_heads)
+        self.current, self.length_tokens = 1 - self.current, length
+
+    def _run(self, ids: list[int]) -> None:
+        count, past = len(ids), self.length_tokens
+        self.host_ids.array[:count] = ids
+        self.host_positions.array[:count] = np.arange(past, past + count)
+        self.stream.copy(self.ids.ptr, self.host_ids.ptr, count * 8, "h2d")
+        self.stream.copy(self.positions.ptr, self.host_positions.ptr, count * 8, "h2d")
+        key = (past, self.current)
+        if self.graphs is not None and count == 1 and self.graphs.launch(key):
+            self._advance(count)
+            return
+        context = self.contexts[DECODE if count == 1 and len(self.contexts) == 2 else PREFILL]
+        self._bind(context, count, past)
+        if not context.execute_async_v3(self.stream.handle):
+            raise EngineRuntimeError(f"execute_async_v3 failed ({count} tokens at {past})")
+        if self.graphs is not None and count == 1:
+            # Captured after a normal run of this shape, as TensorRT requires; replayed when
+            # the same position and buffer set come back.
+            self.graphs.capture(key, lambda: context.execute_async_v3(self.stream.handle))
+        self._advance(count)
+
+    def _bind(self, context: Any, count: int, past: int) -> None:
+        shape_past = (1, self.config.num_kv_heads, past, self.config.head_dim)
+        context.set_input_shape(INPUT_IDS, (1, count))
+        context.set_input_shape(POSITION_IDS, (1, count))
+        context.set_tensor_address(INPUT_IDS, self.ids.ptr)
+        context.set_tensor_address(POSITION_IDS, self.positions.ptr)
+        current, spare = self.kv[self.current], self.kv[1 - self.current]
+        for name, buffer in zip(self.past_names, current, strict=True):
+            context.set_input_shape(name, shape_past)
+            context.set_tensor_address(name, buffer.ptr)
+        for name, buffer in zip(self.present_names, spare, strict=True):
+            context.set_tensor_address(name, buffer.ptr)
+        context.set_tensor_address(LAST_LOGITS, self.logits.ptr)
+
+    def _advance(self, count: int) -> None:
+        self.current, self.length_tokens = 1 - self.current, self.length_tokens + count
+
+    def warm_up(self, prefill_tokens: int, context_tokens: int) -> float:
+        """Run the profile's typical shapes once (JIT, allocation, caches); returns the time in ms.
+
+        Prefill of ``prefill_tokens`` from an empty cache, decode steps, then a prefill on top
+        of a ``context_tokens`` cache (a later turn); the cache is left empty.
+        """
+        start_ns = time.monotonic_ns()
+        first = max(1, min(prefill_tokens, self.capacity_tokens - 8))
+        self.forward([0] * first, 0)
+        for i in range(4):
+            self.forward([0], first + i)
+        later = max(0, min(context_tokens, self.capacity_tokens - first - 4))
+        if later > self.length_tokens:
+            self.forward([0] * (later - self.length_tokens), self.length_tokens)
+        if self.length_tokens + first <= self.capacity_tokens:
+            self.forward([0] * first, self.length_tokens)
+        self._truncate(0)
+        self.stream.synchronize()
+        self.warmup_ms = (time.monotonic_ns() - start_ns) / 1e6
+        self.save_runtime_cache()
+        return self.warmup_ms
+
+    def save_runtime_cache(self) -> None:
+        """Persist the TensorRT-RTX runtime cache (kernels JIT-compiled so far)."""
+        if self.handle is not None and self.runtime_cache_file is not None:
+            cache.save_blob(self.runtime_cache_file, self.handle.serialize(), "runtime")
+
+    def close(self) -> None:
+        """Save the runtime cache and release GPU memory, graphs and the stream."""
+        self.save_runtime_cache()
+        if self.graphs is not None:
+            self.graphs.clear()
+        for buffer in [*self.kv[0], *self.kv[1], self.ids, self.positions, self.logits]:
+            buffer.free()
+        for pinned in (self.host_ids, self.host_positions, self.host_logits):
+            pinned.free()
+        self.contexts.clear()
+        self.stream.destroy()
