@@ -35,6 +35,7 @@ NO_BREAK_ABBREVIATIONS = frozenset(
     "mr. mrs. ms. dr. st. mt. prof. sr. jr. e.g. i.e. vs. cf. approx. fig.".split()
 )
 LIST_MARKER = re.compile(r"(\d{1,2})\.\s")
+CLAUSE_END = re.compile(r"[,;:](?=\s)")
 PARTIAL_LIST_MARKER = re.compile(r"\d{1,2}\.?")  # what a list marker looks like before its space
 MARKDOWN = (
     (re.compile(r"^#{1,6}\s+"), ""),  # header
@@ -54,9 +55,16 @@ class TtsUnavailable(TtsError):
 
 @dataclass(frozen=True)
 class SplitterOptions:
-    """``max_chars``: a sentence with no end in sight is cut at a comma or space before this."""
+    """Where sentences may be cut besides their ends.
+
+    ``max_chars``: a sentence with no end in sight is cut at a comma or space before this.
+    ``first_clause_chars``: the reply's first sentence is cut at its first ``,``/``;``/``:``
+    at or after this many characters, so a long opening sentence starts playing after one
+    clause instead of after all of it (0: never).
+    """
 
     max_chars: int = 200
+    first_clause_chars: int = 24
 
 
 class SentenceSplitter:
@@ -75,6 +83,7 @@ class SentenceSplitter:
     def __init__(self, options: SplitterOptions | None = None) -> None:
         self.options = options or SplitterOptions()
         self._buffer = ""
+        self._first = True  # the reply's first sentence is still to come
 
     def push(self, text: str) -> list[str]:
         """Add streamed text; return the sentences it completed (often none)."""
@@ -85,6 +94,7 @@ class SentenceSplitter:
         """End of the reply: return the sentences left, and start over."""
         sentences = self._drain(final=True)
         rest, self._buffer = self._buffer, ""
+        self._first = True
         return sentences + _speakable(rest)
 
     def _drain(self, final: bool) -> list[str]:
@@ -96,6 +106,7 @@ class SentenceSplitter:
                 return sentences
             sentences += _speakable(self._buffer[:cut])
             self._buffer = self._buffer[cut:]
+            self._first = self._first and not sentences
 
     def _find_cut(self, text: str, final: bool) -> int | None:
         """Where the first sentence of ``text`` ends; ``None``: not known yet (or not in it).
@@ -105,7 +116,10 @@ class SentenceSplitter:
         """
         marker = LIST_MARKER.match(text)
         item = int(marker.group(1)) if marker else None
+        clause = self._first_clause_end(text)
         for m in SCAN.finditer(text, marker.end() if marker else 0):
+            if clause is not None and m.start() >= clause:
+                return clause
             if m.start() >= self.options.max_chars:
                 break
             if m[0] == "\n":
@@ -116,7 +130,16 @@ class SentenceSplitter:
                 verdict, cut = self._ends_sentence(text, m.start(), m.end(), final), m.end()
             if verdict is None or verdict:
                 return cut if verdict else None
+        if clause is not None and clause <= self.options.max_chars:
+            return clause
         return self._forced_cut(text) if len(text) > self.options.max_chars else None
+
+    def _first_clause_end(self, text: str) -> int | None:
+        """End of the first clause of the reply's first sentence, if it is long enough."""
+        if not self._first or not self.options.first_clause_chars:
+            return None
+        m = CLAUSE_END.search(text, self.options.first_clause_chars)
+        return m.end() if m else None
 
     @staticmethod
     def _ends_sentence(text: str, start: int, end: int, final: bool) -> bool | None:

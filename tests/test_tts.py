@@ -86,13 +86,33 @@ def test_boundary_is_confirmed_by_the_next_character():
 def test_long_sentence_without_punctuation_is_cut_early():
     words = [f"word{i}" for i in range(100)]
     text = " ".join(words[:25]) + ", " + " ".join(words[25:])  # the comma is at 164 characters
-    splitter = SentenceSplitter(SplitterOptions(max_chars=200))
+    splitter = SentenceSplitter(SplitterOptions(max_chars=200, first_clause_chars=0))
     first = splitter.push(text)
     assert first, "TTS should be able to start before the reply ends"
     parts = first + splitter.flush()
     assert all(len(p) <= 200 for p in parts)
     assert first[0].endswith("word24,")  # cut at the comma past half of max_chars
     assert " ".join(parts).replace(",", "").split() == words  # nothing lost, nothing cut mid-word
+
+
+def test_a_long_first_sentence_starts_speaking_after_its_first_clause():
+    reply = "The best breakfast is a Japanese breakfast, which has rice, fish and soup. Enjoy it, really."
+    expected = [
+        "The best breakfast is a Japanese breakfast,",  # the first clause: TTS can start here
+        "which has rice, fish and soup.",  # later sentences keep their commas
+        "Enjoy it, really.",
+    ]
+    assert split_whole(reply) == expected
+    assert all(split_streamed(reply, seed) == expected for seed in range(10))
+    # Short openings ("Well, ..."), and numbers like 1,000, are not clause ends.
+    assert split_whole("Well, 1,000 people live in this tiny town. Yes.") == [
+        "Well, 1,000 people live in this tiny town.",
+        "Yes.",
+    ]
+    never = SplitterOptions(first_clause_chars=0)
+    assert split_whole("The capital of France is Paris, of course.", never) == [
+        "The capital of France is Paris, of course."
+    ]
 
 
 @pytest.fixture(scope="module")
