@@ -4,13 +4,13 @@ Eager decoding of a small model is bound by kernel launches and Python, not by t
 SmolLM2-135M step is ~1400 small kernels. So the step runs at fixed shapes and every shape is
 captured once in a CUDA graph:
 
-- the model is fused (:meth:`Decoder.fuse`: ~27 kernels per layer instead of ~47);
+- the model is fused (:meth:`Decoder.fuse`: ~26 device ops per layer instead of ~47 on SmolLM2);
 - a static KV cache of ``capacity`` slots rounded up to a multiple of 64 (aligned rows let
   cuBLAS use its fast kernels), plus 64 more; the first extra (scratch) slot takes padding's K/V;
-- a decode step (one token) has one graph per KV window (256, 512, 1024 slots and the whole
-  cache by default): the replayed graph is the smallest window that holds the token's
-  position, so attention reads only the slots in use (masked by position) rather than the
-  whole cache. All windows share the cache and the input buffers;
+- a decode step (one token) has one graph per KV window (by default 256, 512, 1024 slots and
+  one covering the whole capacity): the replayed graph is the smallest window that holds the
+  token's position, so attention reads only the slots in use (masked by position) rather
+  than the whole cache. All windows share the cache and the input buffers;
 - a prefill call of T tokens runs in the smallest bucket >= T (16, 32, ... 512), attending the
   whole cache. Buckets are left-padded and pads sit at the scratch slot, so the bucket's last
   row is the real last token and no real query ever attends a pad. Longer prompts run in chunks;

@@ -311,7 +311,7 @@ class Decoder(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
     def fuse(self) -> None:
-        """Compute the same function with fewer kernels (for CUDA graphs: ~24 per layer, not ~45).
+        """Compute the same function with fewer kernels (for CUDA graphs: ~26 per layer, not ~47).
 
         Concatenates q/k/v and gate/up weights (three matmuls fewer per layer), rotates queries
         and keys in one pass, and normalises with ``F.rms_norm`` (one kernel). The fused modules
