@@ -4,26 +4,32 @@ Eager decoding of a small model is bound by kernel launches and Python, not by t
 SmolLM2-135M step is ~1400 small kernels. So the step runs at fixed shapes and every shape is
 captured once in a CUDA graph:
 
-- a static KV cache of ``capacity + 1`` slots, rounded up to a multiple of 64 (aligned rows
-  let cuBLAS use its fast kernels); the first extra (scratch) slot takes padding's K/V;
-- token ids and positions live in one static device buffer, filled by one host copy per call;
-- attention spans the whole cache, masked by position (``matmul_attention``: no SDPA dispatch);
-- a call of T tokens runs in the smallest bucket >= T: 1 for decode, 16, 32, ... for prefill.
-  Buckets are left-padded and pads sit at the scratch slot, so the bucket's last row is the
-  real last token and no real query ever attends a pad. Longer prompts run in chunks;
-- each replay leaves the last token's fp32 logits and their argmax in static buffers, so greedy
-  decoding reads back 8 bytes a token;
-- greedy decoding runs one step ahead: as soon as a token id is read, a "chain" graph starts
-  the next step on that id (copied on the device), so the driver's per-token host work overlaps
-  the GPU. If the driver then asks for anything else, the early step is simply not used: it
-  wrote only the K/V slot after the cached prefix, which is rewritten before it is ever read.
+- the model is fused (:meth:`Decoder.fuse`: ~26 device ops per layer instead of ~47 on SmolLM2);
+- a static KV cache of ``capacity`` slots rounded up to a multiple of 64 (aligned rows let
+  cuBLAS use its fast kernels), plus 64 more; the first extra (scratch) slot takes padding's K/V;
+- a decode step (one token) has one graph per KV window (by default 256, 512, 1024 slots and
+  one covering the whole capacity): the replayed graph is the smallest window that holds the
+  token's position, so attention reads only the slots in use (masked by position) rather
+  than the whole cache. All windows share the cache and the input buffers;
+- a prefill call of T tokens runs in the smallest bucket >= T (16, 32, ... 512), attending the
+  whole cache. Buckets are left-padded and pads sit at the scratch slot, so the bucket's last
+  row is the real last token and no real query ever attends a pad. Longer prompts run in chunks;
+- inputs come from pinned host buffers by one asynchronous copy; each replay leaves the last
+  token's fp32 logits and their argmax in static buffers, so greedy decoding reads back 8 bytes
+  a token (an asynchronous copy and an event, :class:`_Readback`);
+- greedy decoding runs ahead: before the host waits for token N, a "chain" graph is queued
+  that decodes whatever id the device chose (copied on the device, position + 1 on the device),
+  so the GPU always has the next step queued while the host reads a token and the driver
+  streams it. If the driver then asks for anything else, the early step is simply not used:
+  it wrote only the K/V slot after the cached prefix, which is rewritten before it is read.
 
 All graphs share one memory pool (they never run concurrently). Off CUDA (``capture=False``)
-the same static step runs eagerly: that is how CPU tests check everything but the capture.
+the same static steps run eagerly: that is how CPU tests check everything but the capture.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -49,21 +55,90 @@ PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16
 class GraphOptions:
     """How :class:`CudaGraphStep` builds its steps.
 
-    ``prefill_buckets``: token counts with their own prefill graph (1 is always added).
-    ``capture``: capture CUDA graphs (needs CUDA); False runs the static step eagerly.
-    ``compile``: ``torch.compile`` (Inductor) the step before capture; fuses the elementwise
-    kernels, costs a compile at start-up (cached on disk by Inductor).
+    ``prefill_buckets``: token counts (>= 2) with their own prefill graph.
+    ``decode_windows``: KV lengths in slots (rounded up to 64) with their own decode graph;
+    one covering the whole capacity is always added.
+    ``capture``: capture CUDA graphs (needs CUDA); False runs the static steps eagerly.
+    ``compile``: ``torch.compile`` (Inductor) the steps before capture; fuses the elementwise
+    kernels, costs a compile at start-up (two graphs, dynamic in the window and in the bucket;
+    Inductor caches them on disk).
     """
 
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    decode_windows: tuple[int, ...] = (256, 512, 1024)
     capture: bool = True
     compile: bool = False
 
 
-class CudaGraphStep:
-    """A :class:`~engines.base.TokenStepModel` that replays one CUDA graph per token bucket.
+class _Upload:
+    """A device tensor filled from pinned host memory by one asynchronous copy.
 
-    Takes ownership of ``model``: its projections are fused (:meth:`Decoder.fuse_projections`).
+    Write into ``claim()``'s array, then ``send()``. ``claim`` waits until the previous copy
+    has read the host buffer (an event), so the host never overwrites data still in flight.
+    """
+
+    def __init__(self, shape: tuple[int, ...], device: torch.device) -> None:
+        on_cuda = device.type == "cuda"
+        self.tensor = torch.zeros(shape, dtype=torch.long, device=device)
+        self.pinned = torch.zeros(shape, dtype=torch.long, pin_memory=on_cuda)
+        self.host = self.pinned.numpy()
+        self.sent = torch.cuda.Event() if on_cuda else None
+
+    def claim(self) -> np.ndarray:
+        if self.sent is not None:
+            self.sent.synchronize()
+        return self.host
+
+    def send(self) -> None:
+        self.tensor.copy_(self.pinned, non_blocking=True)
+        if self.sent is not None:
+            self.sent.record()
+
+
+class _Readback:
+    """Two pinned 8-byte host slots that receive the chosen token id without stalling the GPU.
+
+    ``queue`` copies the device's current choice into the next slot and records an event;
+    ``read(slot)`` waits for that event only. Two slots: one step being read, one queued.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        on_cuda = device.type == "cuda"
+        pinned = torch.zeros(2, dtype=torch.long, pin_memory=on_cuda)
+        self.slots = (pinned[0:1], pinned[1:2])
+        self.host = pinned.numpy()
+        self.ready = (torch.cuda.Event(), torch.cuda.Event()) if on_cuda else None
+        self.next = 0
+
+    def queue(self, token: torch.Tensor) -> int:
+        slot, self.next = self.next, self.next ^ 1
+        self.slots[slot].copy_(token, non_blocking=True)
+        if self.ready is not None:
+            self.ready[slot].record()
+        return slot
+
+    def read(self, slot: int) -> int:
+        if self.ready is not None:
+            self.ready[slot].synchronize()
+        return int(self.host[slot])
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """A decode step already queued: of ``token`` at ``position``; its choice goes to ``slot``."""
+
+    token: int
+    position: int
+    slot: int
+
+
+Compute = Callable[..., torch.Tensor]
+
+
+class CudaGraphStep:
+    """A :class:`~engines.base.TokenStepModel` that replays one CUDA graph per step shape.
+
+    Takes ownership of ``model``: it is fused (:meth:`Decoder.fuse`).
     """
 
     def __init__(self, model: DecoderModel, capacity_tokens: int, options: GraphOptions) -> None:
@@ -71,37 +146,48 @@ class CudaGraphStep:
         self.device, self.dtype = param.device, param.dtype
         if options.capture and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}; set cuda_graph off")
-        model.fuse_projections()
+        model.fuse()
         self.model = model
         self.capacity_tokens = capacity_tokens
         self.scratch_slot = capacity_tokens
         config = model.config
-        slots = -(-(capacity_tokens + 1) // SLOT_ALIGN) * SLOT_ALIGN
+        # Decode positions are < capacity; the scratch slot gets a row of its own, so every
+        # decode window is shorter than the cache (torch.compile: the whole cache is a special
+        # case of slicing, and would cost a compile of its own).
+        largest = -(-capacity_tokens // SLOT_ALIGN) * SLOT_ALIGN
+        slots = largest + SLOT_ALIGN
         self.cache = KVCache.allocate(
             config, slots, dtype=self.dtype, device=self.device, separate_layers=True
         )
-        self.buckets = sorted({1, *options.prefill_buckets})
-        width = self.buckets[-1]
-        on_cuda = self.device.type == "cuda"
-        # Bucket t reads ids from inputs[:t] and positions from inputs[t:2t].
-        self.inputs = torch.zeros(2 * width, dtype=torch.long, device=self.device)
-        self.staging = torch.zeros(2 * width, dtype=torch.long, pin_memory=on_cuda)
-        self.host = self.staging.numpy()
-        # The copy from pinned memory is asynchronous: refill only after it has run.
-        self.staged = torch.cuda.Event() if on_cuda else None
+        self.buckets = sorted({b for b in options.prefill_buckets if b >= 2})
+        if not self.buckets:
+            raise ValueError(f"prefill_buckets {options.prefill_buckets} has no bucket of >= 2 tokens")
+        aligned = {-(-w // SLOT_ALIGN) * SLOT_ALIGN for w in options.decode_windows if w > 0}
+        self.windows = sorted({w for w in aligned if w < largest} | {largest})
+        # Prefill bucket t reads ids from prefill[0, :t] and positions from prefill[1, :t].
+        self.prefill = _Upload((2, self.buckets[-1]), self.device)
+        self.step_input = _Upload((2,), self.device)  # a decode step's [id, position]
+        self.readback = _Readback(self.device)
         self.logits = torch.zeros(1, config.vocab_size, dtype=torch.float32, device=self.device)
         self.token = torch.zeros(1, dtype=torch.long, device=self.device)
+        # A decode graph's window is this tensor's length (torch.compile: one graph, dynamic in it).
+        self.window_slots = {w: torch.arange(w, device=self.device) for w in self.windows}
         self.sampler: DeviceSampler | None = None
-        self.ahead: tuple[int, int] | None = None  # (id, position) of a decode step already started
+        self.ahead: _Ahead | None = None
         self.graphs: list[torch.cuda.CUDAGraph] = []
         kind = "cuda-graph" if options.capture else "static"
         self.name = f"pytorch-{self.device.type} {PRECISION[self.dtype]} {kind}"
-        compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._compute
+        prefill: Compute = self._prefill_compute
+        decode: Compute = self._decode_compute
+        self.compiled = options.compile
         if options.compile:
-            compute = torch.compile(self._compute, fullgraph=True)
+            prefill = torch.compile(self._prefill_compute, fullgraph=True)
+            decode = torch.compile(self._decode_compute, fullgraph=True)
             self.name += "+compile"
-        self.runs: dict[int, Callable[[], None]] = {t: partial(self._run, t, compute) for t in self.buckets}
-        self.chain: Callable[[], None] = partial(self._chain, compute)
+        Run = Callable[[], None]
+        self.runs: dict[int, Run] = {t: partial(self._run, t, prefill) for t in self.buckets}
+        self.decodes: dict[int, Run] = {w: partial(self._decode, w, decode) for w in self.windows}
+        self.chains: dict[int, Run] = {w: partial(self._chain, w, decode) for w in self.windows}
         if options.capture:
             start_ns = time.monotonic_ns()
             self._capture_all()
@@ -109,34 +195,58 @@ class CudaGraphStep:
                 "%s: %d graphs in %.1f s", self.name, len(self.graphs), (time.monotonic_ns() - start_ns) / 1e9
             )
 
-    def _compute(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _prefill_compute(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         logits = self.model(ids, positions, self.cache, last_only=True, matmul_attention=True)
         return logits[:, -1]
 
-    def _run(self, t: int, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        logits = compute(self.inputs[:t].view(1, t), self.inputs[t : 2 * t])
+    def _decode_compute(
+        self, ids: torch.Tensor, positions: torch.Tensor, window: torch.Tensor
+    ) -> torch.Tensor:
+        kv_len = window.shape[0]
+        logits = self.model(ids, positions, self.cache, kv_len=kv_len, last_only=True, matmul_attention=True)
+        return logits[:, -1]
+
+    def _choose(self, logits: torch.Tensor) -> None:
         self.logits.copy_(logits)
         self.token.copy_(logits[0].argmax(dim=-1, keepdim=True))
 
-    def _chain(self, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        """Decode the token the last step chose, at the position already in ``inputs[1]``."""
-        self.inputs[0:1].copy_(self.token)
-        self._run(1, compute)
+    def _run(self, t: int, compute: Compute) -> None:
+        ids, positions = self.prefill.tensor[0, :t].view(1, t), self.prefill.tensor[1, :t]
+        if self.compiled:  # compile once for every bucket, not once per bucket
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            torch._dynamo.maybe_mark_dynamic(positions, 0)
+        self._choose(compute(ids, positions))
+
+    def _decode(self, window: int, compute: Compute) -> None:
+        ids, positions = self.step_input.tensor[0:1].view(1, 1), self.step_input.tensor[1:2]
+        slots = self.window_slots[window]
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(slots, 0)
+        self._choose(compute(ids, positions, slots))
+
+    def _chain(self, window: int, compute: Compute) -> None:
+        """Decode the token the last step chose, one position after the last step's."""
+        self.step_input.tensor[0:1].copy_(self.token)
+        self.step_input.tensor[1:2].add_(1)
+        self._decode(window, compute)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        # Decode first, then prefill from the largest bucket: with torch.compile that is one
-        # static compile for T=1 and one dynamic in T for every bucket; the pool is sized by
-        # the largest graph and the smaller ones reuse its memory.
+        # Decode windows first, then prefill from the largest bucket: the pool is sized by the
+        # largest graph and the smaller ones reuse its memory.
         pool = torch.cuda.graph_pool_handle()
-        self.chain = self._capture(self.chain, pool)
-        for t in [1, *reversed(self.buckets[1:])]:
+        for w in self.windows:
+            self.decodes[w] = self._capture(self.decodes[w], pool)
+            self.chains[w] = self._capture(self.chains[w], pool)
+        for t in reversed(self.buckets):
             self.runs[t] = self._capture(self.runs[t], pool)
         torch.cuda.synchronize()
-        for layer in (*self.cache.k, *self.cache.v):  # the warm-up runs wrote slot 0
+        for layer in (*self.cache.k, *self.cache.v):  # the warm-up runs wrote the first slots
             layer.zero_()
 
     def _capture(self, run: Callable[[], None], pool: Any) -> Callable[[], None]:
+        for upload in (self.prefill, self.step_input):  # warm-ups write K/V at these positions
+            upload.tensor.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -149,8 +259,9 @@ class CudaGraphStep:
         self.graphs.append(graph)
         return graph.replay
 
-    def _bucket(self, n: int) -> int:
-        return next(b for b in self.buckets if b >= n)
+    def window_for(self, position: int) -> int:
+        """The decode window (KV slots) a token at ``position`` runs in: the smallest > it."""
+        return self.windows[bisect.bisect_right(self.windows, position)]
 
     def _feed(self, token_ids: Sequence[int], start_pos: int) -> None:
         """Run ``token_ids`` at ``start_pos...``, chunk by chunk; leaves logits and token set."""
@@ -159,19 +270,20 @@ class CudaGraphStep:
         width = self.buckets[-1]
         for begin in range(0, len(ids), width):
             chunk = ids[begin : begin + width]
-            n = len(chunk)
-            t = self._bucket(n)
+            first, n = start_pos + begin, len(chunk)
+            if n == 1:
+                self.step_input.claim()[:] = (chunk[0], first)
+                self.step_input.send()
+                self.decodes[self.window_for(first)]()
+                continue
+            t = next(b for b in self.buckets if b >= n)
             pad = t - n
-            if self.staged is not None:
-                self.staged.synchronize()
-            first = start_pos + begin
-            self.host[:pad] = 0
-            self.host[pad:t] = chunk
-            self.host[t : t + pad] = self.scratch_slot
-            self.host[t + pad : 2 * t] = np.arange(first, first + n)
-            self.inputs[: 2 * t].copy_(self.staging[: 2 * t], non_blocking=True)
-            if self.staged is not None:
-                self.staged.record()
+            host = self.prefill.claim()
+            host[0, :pad] = 0
+            host[0, pad:t] = chunk
+            host[1, :pad] = self.scratch_slot
+            host[1, pad:t] = np.arange(first, first + n)
+            self.prefill.send()
             self.runs[t]()
 
     @torch.inference_mode()
@@ -180,19 +292,6 @@ class CudaGraphStep:
         self._feed(token_ids, start_pos)
         # A copy even on the CPU: the static buffer is overwritten by the next call.
         return self.logits[0].to("cpu", copy=True).numpy()
-
-    def _start_ahead(self, token: int, position: int) -> None:
-        """Start decoding ``token`` (already in ``self.token``) at ``position`` now."""
-        if position >= self.capacity_tokens:
-            return  # the driver stops there: the context is full
-        if self.staged is not None:
-            self.staged.synchronize()
-        self.host[1] = position  # bucket 1 reads its position from inputs[1]
-        self.inputs[1:2].copy_(self.staging[1:2], non_blocking=True)
-        if self.staged is not None:
-            self.staged.record()
-        self.chain()
-        self.ahead = (token, position)
 
     def begin_choosing(self, options: GenerationOptions) -> bool:
         """Choose on the device unless ``options`` need the host (repetition penalty)."""
@@ -204,13 +303,24 @@ class CudaGraphStep:
         """Run ``token_ids`` at ``start_pos``; return the id chosen by ``begin_choosing``'s rule."""
         if self.sampler is None:
             raise RuntimeError("forward_token before begin_choosing accepted the options")
-        single = len(token_ids) == 1
-        if not (single and self.ahead == (token_ids[0], start_pos)):
-            self._feed(token_ids, start_pos)  # else the step already runs (started ahead)
-        self.ahead = None
         if self.sampler.options.temperature > 0.0:
+            self._feed(token_ids, start_pos)
             return int(self.sampler(self.logits[0]).item())
-        token = int(self.token.item())  # the graph's argmax: one 8-byte read, the only sync
-        if single:  # decoding: the next step will most likely be this token, one slot on
-            self._start_ahead(token, start_pos + 1)
+        single = len(token_ids) == 1
+        ahead, self.ahead = self.ahead, None
+        if single and ahead is not None and (ahead.token, ahead.position) == (token_ids[0], start_pos):
+            slot = ahead.slot  # the step is already queued or done
+        else:
+            self._feed(token_ids, start_pos)
+            slot = self.readback.queue(self.token)
+        position = start_pos + len(token_ids)  # where the chosen token will go
+        queued = None
+        if single and position < self.capacity_tokens:
+            # Decoding: the next step will most likely be this step's choice, one slot on.
+            # Queue it now, before waiting for the choice, so the GPU never idles on the host.
+            self.chains[self.window_for(position)]()
+            queued = self.readback.queue(self.token)
+        token = self.readback.read(slot)  # the only wait: for this step's 8-byte choice
+        if queued is not None:
+            self.ahead = _Ahead(token, position, queued)
         return token

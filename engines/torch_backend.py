@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CUDA_GRAPH_MODES = ("auto", "on", "off")
+COMPILE_CACHE = "torch-compile"  # Inductor's cache, inside the model folder
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,10 @@ class TorchBackendOptions:
     ``threads`` 0 means one per core, at most 4: more oversubscribes small CPUs.
     ``cuda_graph``: ``"auto"`` replays CUDA graphs when the device is CUDA, ``"on"`` insists
     (an error elsewhere), ``"off"`` runs eagerly. ``compile`` adds ``torch.compile`` to the
-    graphs (see :class:`~engines.cuda_graph.GraphOptions`); ``prefill_buckets`` are the
-    prompt lengths that get their own graph.
+    graphs (see :class:`~engines.cuda_graph.GraphOptions`); Inductor then keeps its compiled
+    code in ``<model folder>/torch-compile`` (unless ``TORCHINDUCTOR_CACHE_DIR`` is set), so
+    a second start skips most of the compile. ``prefill_buckets`` are the prompt lengths and
+    ``decode_windows`` the KV lengths that get their own graph.
     """
 
     device: str = "auto"
@@ -48,6 +51,7 @@ class TorchBackendOptions:
     cuda_graph: str = "auto"
     compile: bool = False
     prefill_buckets: tuple[int, ...] = GraphOptions.prefill_buckets
+    decode_windows: tuple[int, ...] = GraphOptions.decode_windows
 
 
 def resolve_device(options: TorchBackendOptions) -> tuple[torch.device, torch.dtype]:
@@ -106,6 +110,17 @@ def configure_threads(threads: int) -> None:
     torch.set_num_threads(count)
 
 
+def use_compile_cache(folder: Path) -> None:
+    """Point Inductor's on-disk caches at ``folder`` unless ``TORCHINDUCTOR_CACHE_DIR`` is set.
+
+    Inductor reads only this environment variable (its default is under ``/tmp``, which is
+    emptied at boot); it holds compiled graphs (FX graph and AOT caches) and Triton kernels.
+    A process that already compiled something keeps its first cache folder.
+    """
+    if os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder.resolve())) == str(folder.resolve()):
+        logger.info("torch.compile cache: %s", folder)
+
+
 def load_torch_decoder(
     model_dir: Path, tokenizer: Detokenizer, options: TorchBackendOptions
 ) -> DecoderDriver:
@@ -118,7 +133,11 @@ def load_torch_decoder(
     model = load_decoder(model_dir, dtype=dtype, device=device)
     step: StepModel
     if graphs:
-        graph_options = GraphOptions(options.prefill_buckets, capture=True, compile=options.compile)
+        if options.compile:
+            use_compile_cache(model_dir / COMPILE_CACHE)
+        graph_options = GraphOptions(
+            options.prefill_buckets, options.decode_windows, capture=True, compile=options.compile
+        )
         step = CudaGraphStep(model, capacity, graph_options)
     else:
         step = TorchStep(model, capacity)

@@ -6,9 +6,9 @@ and captures in CUDA graphs: the cache has a fixed capacity and is written at th
 positions; attention masks are derived from positions, never from data-dependent shapes.
 
 Two opt-in variants compute the same function with fewer, predictable kernels, for CUDA
-graphs: :meth:`Decoder.fuse_projections` (one matmul for q/k/v and one for gate/up) and
-``matmul_attention`` (plain batched matmuls instead of SDPA, whose kernel choice depends on
-mask, dtype and head layout).
+graphs: :meth:`Decoder.fuse` (one matmul for q/k/v and one for gate/up, RoPE on queries and
+keys in one pass, RMSNorm through torch's fused kernel) and ``matmul_attention`` (plain
+batched matmuls instead of SDPA, whose kernel choice depends on mask, dtype and head layout).
 """
 
 from __future__ import annotations
@@ -137,16 +137,29 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in fp32."""
+    """Root-mean-square layer norm, computed in fp32.
+
+    ``fused`` (set by :meth:`Decoder.fuse`) runs it as one kernel (``F.rms_norm``) instead of
+    eight. That kernel applies the weight in fp32 and casts once; Hugging Face's
+    ``LlamaRMSNorm`` (the unfused path) casts, then multiplies in the model's dtype, so in
+    half precision the two may differ in the last bit.
+    """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension."""
+        if self.fused:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -180,6 +193,24 @@ class Attention(nn.Module):
         q, k, v = self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
         return q, k, v
 
+    def rotated(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries and keys of ``x`` with RoPE applied, and values; each ``[B, heads, T, D]``."""
+        b, t, _ = x.shape
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is None:
+            q, k, v = self.project(x)
+            q = q.view(b, t, h, d).transpose(1, 2)
+            k = k.view(b, t, kvh, d).transpose(1, 2)
+            v = v.view(b, t, kvh, d).transpose(1, 2)
+            return _rope(q, cos, sin), _rope(k, cos, sin), v
+        # Fused: one RoPE pass over the query and key heads side by side (5 kernels, not 10).
+        qkv = self.qkv_proj(x).view(b, t, h + 2 * kvh, d)
+        qk = _rope(qkv[:, :, : h + kvh], cos.transpose(1, 2), sin.transpose(1, 2))
+        q, k = qk.split([h, kvh], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), qkv[:, :, h + kvh :].transpose(1, 2)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -194,12 +225,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Attend ``x`` ``[B, T, H]`` over the first ``kv_len`` cache positions."""
         b, t, _ = x.shape
-        q, k, v = self.project(x)
-        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = self.rotated(x, cos, sin)
         k_cache.index_copy_(2, slot, k.to(k_cache.dtype))
         v_cache.index_copy_(2, slot, v.to(v_cache.dtype))
         keys = k_cache[:, :, :kv_len].to(q.dtype)
@@ -284,15 +310,20 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
-    def fuse_projections(self) -> None:
-        """Concatenate q/k/v and gate/up weights in every layer: two matmuls fewer per projection.
+    def fuse(self) -> None:
+        """Compute the same function with fewer kernels (for CUDA graphs: ~26 per layer, not ~47).
 
-        Same function; the fused modules no longer match Hugging Face parameter names.
+        Concatenates q/k/v and gate/up weights (three matmuls fewer per layer), rotates queries
+        and keys in one pass, and normalises with ``F.rms_norm`` (one kernel). The fused modules
+        no longer match Hugging Face parameter names; half-precision results may differ from
+        the unfused ones in the last bit (see :class:`RMSNorm`).
         """
         for layer in self.layers:
             assert isinstance(layer, Block)
             layer.self_attn.fuse()
             layer.mlp.fuse()
+            layer.input_layernorm.fused = layer.post_attention_layernorm.fused = True
+        self.norm.fused = True
 
     def forward(
         self,

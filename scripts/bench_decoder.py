@@ -27,7 +27,7 @@ Weight-bandwidth floor: the bytes a decode step must read (every weight once) ov
 bandwidth measured on the device at the start of this run (bytes read + written).
 Profile (CUDA rows, ``--profile-steps``): torch.profiler over that many decode steps through
 the driver: device ops and device busy time per token; CUDA-graph rows also time bare replays
-of the decode graph with CUDA events.
+of the decode graph of every KV window with CUDA events (the decode above runs in the first).
 Second turn of a real chat (real models only, not with random weights): ``Dialogue``, default
 system prompt; turn 1 "What is the capital of France?", then the timed turn 2 "And what is it
 famous for?" with the cache kept (prefix reuse) or after ``driver.reset()`` (full re-prefill).
@@ -150,17 +150,24 @@ def profile_decode(runner: DriverRunner, ids: list[int], steps: int) -> dict[str
         "top": sorted(busy.items(), key=lambda kv: -kv[1])[:4],
     }
     if isinstance(d.step, CudaGraphStep):
-        replay = d.step.runs[1]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        replay()
-        start.record()
-        for _ in range(steps):
-            replay()
-        end.record()
-        end.synchronize()
-        out["replay_ms"] = start.elapsed_time(end) / steps
+        by_window = {w: replay_ms(d.step.decodes[w], steps) for w in d.step.windows}
+        out["window"] = d.step.window_for(len(ids))
+        out["replay_ms"] = by_window[out["window"]]
+        out["replay_ms_by_window"] = {str(w): ms for w, ms in by_window.items()}
     d.reset()
     return out
+
+
+def replay_ms(replay: Any, steps: int) -> float:
+    """Mean ms of ``steps`` back-to-back replays of one decode graph (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replay()
+    start.record()
+    for _ in range(steps):
+        replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
 
 
 def chat_turn2(driver: Any, tokenizer: Any, reuse: bool) -> tuple[float, list[int], str]:

@@ -145,16 +145,18 @@ def _profile_table(rows: list[dict[str, Any]]) -> list[str]:
         "Where a decode step's time goes (torch.profiler over the profiled steps; CUDA events for replays):",
         "",
         "| backend | device ops / token | GPU busy ms / token | decode ms / token (unprofiled) "
-        "| graph replay ms | top device ops (ms / token) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| graph replay ms | replay ms by KV window (slots) | top device ops (ms / token) |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in profiled:
         p = r["profile"]
         top = "; ".join(f"{name[:40]} {ms:.3f}" for name, ms in p["top"])
         replay = p.get("replay_ms")
+        windows = ", ".join(f"{w}: {ms:.3f}" for w, ms in p.get("replay_ms_by_window", {}).items()) or "—"
         lines.append(
             f"| {r['name']} | {p['device_ops_per_token']:.0f} | {p['device_busy_ms_per_token']:.3f} | "
-            f"{r['decode']['median']:.3f} | {'—' if replay is None else f'{replay:.3f}'} | {top} |"
+            f"{r['decode']['median']:.3f} | {'—' if replay is None else f'{replay:.3f}'} | "
+            f"{windows} | {top} |"
         )
     return lines
 

@@ -47,11 +47,31 @@ def small_model(model_type: str) -> Decoder:
     return Decoder(config).eval()
 
 
-def drivers(model_type: str, buckets=(4, 8)) -> tuple[DecoderDriver, DecoderDriver]:
+def drivers(
+    model_type: str, buckets=(4, 8), windows=(64,), capacity=CAPACITY
+) -> tuple[DecoderDriver, DecoderDriver]:
     model = small_model(model_type)
-    eager = DecoderDriver(TorchStep(copy.deepcopy(model), CAPACITY), LetterTokenizer(), [])
-    static_step = CudaGraphStep(copy.deepcopy(model), CAPACITY, GraphOptions(buckets, capture=False))
+    eager = DecoderDriver(TorchStep(copy.deepcopy(model), capacity), LetterTokenizer(), [])
+    options = GraphOptions(buckets, windows, capture=False)
+    static_step = CudaGraphStep(copy.deepcopy(model), capacity, options)
     return eager, DecoderDriver(static_step, LetterTokenizer(), [])
+
+
+def count_windows(step: CudaGraphStep) -> dict[int, int]:
+    """Count the decode steps each window's graph runs (plain or chained)."""
+    counts = dict.fromkeys(step.windows, 0)
+
+    def counted(run, window):
+        def wrapper():
+            counts[window] += 1
+            run()
+
+        return wrapper
+
+    for table in (step.decodes, step.chains):
+        for w, run in table.items():
+            table[w] = counted(run, w)
+    return counts
 
 
 def ids(n: int, seed: int = 0) -> list[int]:
@@ -106,6 +126,41 @@ def test_a_step_started_ahead_serves_the_next_request_only_when_it_continues_exa
         out = [[c.token_id for c in d.generate(follow, options)] for d in (eager, static)]
         assert out[0] == out[1]
         assert static.step.ahead is not None
+
+
+def test_decode_windows_are_aligned_and_the_smallest_holding_the_position_runs():
+    _, static = drivers("llama", windows=(40, 64, 128, 500), capacity=200)
+    step = static.step
+    assert step.windows == [64, 128, 256]  # 40 -> 64; 500 >= the capacity; 256 covers all of it
+    assert step.cache.capacity_tokens == 320  # + a row for the scratch slot: windows < cache
+    assert [step.window_for(p) for p in (0, 63, 64, 127, 128, 199)] == [64, 64, 128, 128, 256, 256]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_greedy_tokens_cross_decode_windows_like_eager(model_type):
+    eager, static = drivers(model_type, windows=(64, 128), capacity=200)
+    counts = count_windows(static.step)
+    prompt = ids(50, 5)
+    options = GenerationOptions(max_new_tokens=120)  # positions 50..169: windows 64, 128, 256
+    out = [[c.token_id for c in d.generate(prompt, options)] for d in (eager, static)]
+    assert out[0] == out[1] and len(out[1]) == 120
+    assert all(n > 0 for n in counts.values()), counts
+
+
+def test_prefix_reuse_and_rewind_across_windows_give_eager_tokens():
+    eager, static = drivers("qwen2", windows=(64, 128), capacity=200)
+    options = GenerationOptions(max_new_tokens=40)
+    first = ids(100, 6)
+    reply = [[c.token_id for c in d.generate(first, options)] for d in (eager, static)]
+    assert reply[0] == reply[1]  # decoded at 100..139: windows 128 and 256
+    for prompt in (
+        first + reply[0],  # continue: reuse all of it, decode in window 256
+        first[:30] + ids(5, 7),  # rewind to 30 tokens: back into window 64
+        first[:30] + ids(5, 7) + reply[0][:20] + ids(3, 8),  # and grow again
+    ):
+        assert static.step.ahead is not None  # the last reply left a step queued ahead
+        out = [[c.token_id for c in d.generate(prompt, options)] for d in (eager, static)]
+        assert out[0] == out[1]
 
 
 def test_static_step_fills_the_whole_cache_and_reports_context_full():

@@ -11,6 +11,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engines.base import GenerationOptions
@@ -102,10 +103,12 @@ def test_cuda_half_logits_track_cpu_fp32_through_prefill_and_decode(model_dir, d
 
 
 def test_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(model_dir):
-    # fp32, so rounding cannot flip a near-tie; 700 prompt tokens: chunks of 512 and 188 (bucket 256).
+    # fp32, so rounding cannot flip a near-tie; 700 prompt tokens: chunks of 512 and 188 (bucket
+    # 256). 230 and 1000 tokens + 64 new cross the decode windows of 256 and 1024 slots.
     eager, graph = gpu(model_dir, "fp32", "off"), gpu(model_dir, "fp32", "on")
     assert graph.name == "pytorch-cuda fp32 cuda-graph"
-    for n in (5, 128, 700):
+    assert graph.step.windows == [256, 512, 1024, 2048]
+    for n in (5, 128, 230, 700, 1000):
         prompt = np.random.default_rng(n).integers(0, 49152, n).tolist()
         assert greedy(graph, prompt) == greedy(eager, prompt), f"{n}-token prompt"
 
@@ -141,8 +144,12 @@ def test_cuda_graph_sampling_on_device_is_seeded_and_top_k_1_is_greedy(model_dir
 
 
 def test_compiled_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(small_dir):
-    eager, compiled = gpu(small_dir, "fp32", "off"), gpu(small_dir, "fp32", "on", compile=True)
+    eager = gpu(small_dir, "fp32", "off")
+    before = counters["stats"]["unique_graphs"]
+    compiled = gpu(small_dir, "fp32", "on", compile=True)
+    # Start-up cost: one compile for every prefill bucket, one for every decode window.
+    assert counters["stats"]["unique_graphs"] - before == 2
     assert compiled.name == "pytorch-cuda fp32 cuda-graph+compile"
-    for n in (7, 300):
+    for n in (7, 240, 300):  # 240 + 64 crosses from the 256-slot window to the 512 one
         prompt = np.random.default_rng(n).integers(0, 49152, n).tolist()
         assert greedy(compiled, prompt) == greedy(eager, prompt), f"{n}-token prompt"
