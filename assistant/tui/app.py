@@ -53,6 +53,7 @@ class AssistantApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "assistant"
     AUTO_FOCUS = None  # a focused Input would swallow the keys
+    ENABLE_COMMAND_PALETTE = False  # the footer needs the room for the keys
     BINDINGS = [
         Binding("space", "toggle_listening", "Listen on/off"),
         Binding("m", "mute", "Mute"),

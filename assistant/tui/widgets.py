@@ -200,7 +200,7 @@ class SessionStats(Vertical):
             if s is not None:
                 values.append(f"{s['n']:.0f}")
             for col, value in zip(("P50", "P95", "P99", "max", "n"), values, strict=True):
-                table.update_cell(key, col, value)
+                table.update_cell(key, col, value, update_width=True)
         v2v = [r.metrics["voice_to_voice_ms"] or 0.0 for r in records if r.metrics.get("voice_to_voice_ms")]
         self.query_one("#turn-count", Static).update(
             f"turns: {len(records)}   voice-to-voice per turn (ms):" if v2v else f"turns: {len(records)}"
