@@ -35,7 +35,8 @@ from assistant.events import (
     TurnDone,
 )
 from assistant.latency import EventLog, TurnRecord, build_record, export_report
-from assistant.pipeline import AudioSink, FileSink, LiveLoop, PipelineOptions
+from assistant.live import LiveLoop
+from assistant.pipeline import AudioSink, FileSink, PipelineOptions
 from assistant.session import Progress, Session, build_session
 from assistant.tui.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
