@@ -1,4 +1,6 @@
-"""Command line: ``assistant [chat] | run | devices | models fetch|list | engine ... | bench``.
+"""Command line: ``assistant [chat | run | devices | models fetch|list | engine ... | bench]``.
+
+Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is the text REPL.
 
 Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
 """
@@ -10,12 +12,16 @@ import importlib.util
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from assistant.config import ConfigError, Settings, load_settings
 from assistant.engine_cli import add_engine_parsers, run_engine
 from assistant.llm import BACKENDS
 from models.store import BUNDLED, FetchError, ModelStore
 from models.weights import CorruptModel, ModelNotFound
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger("assistant")
 
@@ -99,13 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse tree for every subcommand."""
     parser = argparse.ArgumentParser(
         prog="assistant",
-        description="Local low-latency voice assistant. Without a subcommand: text chat.",
+        description="Local low-latency voice assistant. Without a subcommand: the terminal UI.",
     )
     _common(parser)
+    parser.add_argument(
+        "--export-dir", type=Path, metavar="DIR", help="UI: where 'e' writes the latency report (default .)"
+    )
     sub = parser.add_subparsers(dest="command")
     chat = sub.add_parser("chat", help="text chat on stdin/stdout with a latency line per turn")
     _common(chat)
-    run = sub.add_parser("run", help="the voice loop without the UI: a WAV file, or the live devices")
+    run = sub.add_parser("run", help="the voice loop: in the UI, or headless (--no-tui, or --output)")
     run.add_argument(
         "--input", type=Path, metavar="WAV", help="answer the question in this WAV file, then exit"
     )
@@ -117,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", type=Path, metavar="JSONL", help="append every pipeline event, timestamped, one per line"
     )
     run.add_argument("--no-tui", action="store_true", help="live microphone and speaker, events on stdout")
+    run.add_argument("--export-dir", type=Path, metavar="DIR", help="UI: where 'e' writes the latency report")
     _common(run)
     devices = sub.add_parser("devices", help="list audio input and output devices")
     _common(devices)
@@ -201,48 +211,71 @@ def _devices() -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from assistant.asr import Transcriber, load_wav
-    from assistant.audio import AudioDeviceError, Microphone, Speaker
-    from assistant.chat import run_chat
-    from assistant.dialogue import Dialogue
-    from assistant.latency import EventLog
-    from assistant.llm import load_llm
-    from assistant.pipeline import PipelineOptions, VoicePipeline
-    from assistant.tts import SentenceSplitter, Synthesizer
-    from assistant.voice import ConsoleReporter, fan_out, run_file, run_live
+    from assistant.asr import load_wav
+    from assistant.voice import find_utterance
 
     input_wav: Path | None = getattr(args, "input", None)
+    output: Path | None = getattr(args, "output", None)
     audio = load_wav(input_wav) if input_wav else None  # a bad file fails before models load
-    mic = speaker = None
-    if audio is None:
-        try:
-            mic, speaker = Microphone(settings.audio), Speaker(settings.audio)
-        except AudioDeviceError as e:
-            if mic is not None:
-                mic.close()
-            print(f"notice: no voice ({e}); continuing in text mode: type a message", file=sys.stderr)
-    decoder, tokenizer = load_llm(settings.models, settings.decoder, settings.engine)
-    dialogue = Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options())
-    if audio is None and speaker is None:
-        return run_chat(dialogue)
-    transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
-    logger.info("warm-up: asr %.0f ms, llm %.0f ms", transcriber.warm_up(), dialogue.warm_up())
-    options = PipelineOptions(barge_in=settings.pipeline.barge_in, log_path=getattr(args, "log", None))
+    if input_wav is not None and audio is not None:
+        find_utterance(audio, settings.vad, input_wav)  # so does a file without speech
+    if not getattr(args, "no_tui", False) and output is None:
+        return _tui(args, settings)
+    return _headless(args, settings, input_wav, audio, output)
+
+
+def _headless(
+    args: argparse.Namespace,
+    settings: Settings,
+    input_wav: Path | None,
+    audio: np.ndarray | None,
+    output: Path | None,
+) -> int:
+    from assistant.chat import run_chat
+    from assistant.latency import EventLog
+    from assistant.session import build_session
+    from assistant.voice import ConsoleReporter, fan_out, run_file, run_live
+
     events_path: Path | None = getattr(args, "events", None)
     event_log = EventLog(events_path) if events_path else None
+    file_mode = input_wav is not None and audio is not None
     try:
-        with Synthesizer(settings.tts) as synthesizer:
-            emit = fan_out(ConsoleReporter(), event_log)
-            pipeline = VoicePipeline(
-                dialogue, transcriber, synthesizer, SentenceSplitter, options, emit, settings.models.llm
-            )
+        session = build_session(
+            settings,
+            devices=not file_mode,
+            asr=True if file_mode else None,
+            tts=True if file_mode else None,
+            emit=fan_out(ConsoleReporter(), event_log),
+            log_path=getattr(args, "log", None),
+        )
+        for notice in session.notices:
+            print(f"notice: {notice}", file=sys.stderr)
+        try:
             if input_wav is not None and audio is not None:
-                record = run_file(pipeline, settings.vad, audio, input_wav, getattr(args, "output", None))
+                record = run_file(session.pipeline, settings.vad, audio, input_wav, output)
                 return 0 if not record.cancelled else 1
-            return run_live(pipeline, mic, speaker, settings.vad)
+            if session.mic is None or session.speaker is None:
+                return run_chat(session.dialogue)
+            mic, speaker = session.mic, session.speaker
+            session.mic = session.speaker = None  # run_live closes them
+            return run_live(session.pipeline, mic, speaker, settings.vad)
+        finally:
+            session.close()
     finally:
         if event_log:
             event_log.close()
+
+
+def _tui(args: argparse.Namespace, settings: Settings) -> int:
+    from assistant.tui import run_tui
+
+    return run_tui(
+        settings,
+        input_wav=getattr(args, "input", None),
+        log_path=getattr(args, "log", None),
+        events_path=getattr(args, "events", None),
+        export_dir=getattr(args, "export_dir", None) or Path.cwd(),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +301,12 @@ def main(argv: list[str] | None = None) -> int:
             return _devices()
         if args.command == "run":
             return _run(args, settings)
-        return _chat(settings)
+        if args.command == "chat":
+            return _chat(settings)
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            print("notice: not a terminal, so no UI: text chat", file=sys.stderr)
+            return _chat(settings)
+        return _tui(args, settings)
     except (ConfigError, ModelNotFound, CorruptModel, FetchError, ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

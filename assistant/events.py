@@ -39,6 +39,16 @@ class BargeIn(Event):
 
 
 @dataclass(frozen=True)
+class MicLevel(Event):
+    """Loudness of the latest microphone block (``level_db``: RMS in dBFS, -120 is silence).
+
+    Sent to the UI about ten times a second; not a turn event (``turn_id`` is the current turn).
+    """
+
+    level_db: float = -120.0
+
+
+@dataclass(frozen=True)
 class SpeechStarted(Event):
     """VAD saw speech begin; ``t_ns`` is when its first speech sample was captured."""
 

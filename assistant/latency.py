@@ -14,6 +14,7 @@ Each metric names its start and stop event:
 
 from __future__ import annotations
 
+import csv
 import json
 import threading
 from collections.abc import Iterable, Sequence
@@ -149,6 +150,36 @@ def percentiles(records: Sequence[TurnRecord], keys: Sequence[str] = STAGES) -> 
                 "n": float(arr.size),
             }
     return out
+
+
+REPORT_COLUMNS = ("turn_id", "transcript", "reply", "cancelled", "backend", "llm_model", "asr_model")
+
+
+def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tuple[Path, Path]:
+    """Write the session's latency report: ``<stem>.csv`` (a row per turn) and ``<stem>.json``.
+
+    The JSON holds every record and the percentiles per stage; missing metrics are empty
+    cells in the CSV and ``null`` in the JSON. Returns both paths.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
+    metric_keys = [*STAGES, "tokens_per_s"]
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys])
+        for r in records:
+            values = [r.metrics.get(k) for k in metric_keys]
+            writer.writerow(
+                [*(getattr(r, c) for c in REPORT_COLUMNS), r.tokens, r.prompt_tokens]
+                + ["" if v is None else f"{v:.3f}" for v in values]
+            )
+    report = {
+        "turns": len(records),
+        "percentiles": percentiles(records, metric_keys),
+        "records": [asdict(r) for r in records],
+    }
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    return csv_path, json_path
 
 
 def event_dict(event: Event) -> dict[str, object]:

@@ -19,26 +19,22 @@ from typing import Protocol
 
 import numpy as np
 
-from assistant.audio import Microphone
 from assistant.dialogue import Dialogue
 from assistant.events import (
     AudioReady,
     AudioStarted,
-    BargeIn,
     Event,
     PlaybackEnded,
     PromptSubmitted,
     SentenceReady,
     SpeechEnded,
-    SpeechOnset,
-    SpeechStarted,
     TokenGenerated,
     TranscriptReady,
     TurnCancelled,
     TurnDone,
 )
 from assistant.latency import TurnRecord, build_record
-from assistant.vad import SAMPLE_RATE_HZ, Endpointer
+from assistant.vad import SAMPLE_RATE_HZ
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +131,7 @@ class VoicePipeline:
         self,
         dialogue: Dialogue,
         transcriber: Transcribes,
-        synthesizer: Synthesizes,
+        synthesizer: Synthesizes | None,
         make_splitter: Callable[[], Splits],
         options: PipelineOptions,
         emit: Callable[[Event], None] | None = None,
@@ -157,7 +153,7 @@ class VoicePipeline:
         if self._emit_external:
             self._emit_external(event)
 
-    def run_turn(self, utterance: SpeechEnded, sink: AudioSink, cancel: threading.Event) -> TurnRecord:
+    def run_turn(self, utterance: SpeechEnded, sink: AudioSink | None, cancel: threading.Event) -> TurnRecord:
         """Answer one utterance; returns its record once the reply has played (or was cut)."""
         turn = utterance.turn_id
         self._events = [e for e in self._events if e.turn_id == turn]
@@ -169,30 +165,56 @@ class VoicePipeline:
         if not text:
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "no words recognised"))
             return self._finish(turn)
+        return self._answer(turn, text, sink, cancel)
+
+    def run_text_turn(
+        self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event
+    ) -> TurnRecord:
+        """Answer a typed message: spoken too when ``sink`` is given.
+
+        Its record has no speech stages (endpointing, ASR, voice-to-voice are ``None``);
+        the ``TranscriptReady`` it emits carries the typed text.
+        """
+        self._events = [e for e in self._events if e.turn_id == turn]
+        self.emit(TranscriptReady(turn, time.monotonic_ns(), text.strip(), 0.0))
+        return self._answer(turn, text.strip(), sink, cancel)
+
+    def _answer(self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event) -> TurnRecord:
         sentences: queue.Queue[tuple[int, str] | None] = queue.Queue()
         spoken: list[tuple[str, int, int]] = []  # (sentence, turn-relative first sample, samples)
-        tts = threading.Thread(
-            target=self._speak, args=(turn, sentences, sink, cancel, spoken), name=f"tts-turn-{turn}"
-        )
-        tts.start()
+        tts = None
+        if self.synthesizer is None:
+            sink = None  # text only: nothing to speak with
+        if sink is not None:
+            tts = threading.Thread(
+                target=self._speak, args=(turn, sentences, sink, cancel, spoken), name=f"tts-turn-{turn}"
+            )
+            tts.start()
         try:
             self._generate(turn, text, sentences, cancel)
         finally:
             sentences.put(None)
-            tts.join()
-        while not cancel.is_set() and not sink.wait(0.05):
-            pass
-        if cancel.is_set():
-            sink.stop()
-        first = getattr(sink, "first_audio_t_ns", {}).get(turn)
-        if first:
-            self.emit(AudioStarted(turn, first))
+            if tts is not None:
+                tts.join()
+        if sink is not None:
+            while not cancel.is_set() and not sink.wait(0.05):
+                pass
+            if cancel.is_set():
+                sink.stop()
+            first = getattr(sink, "first_audio_t_ns", {}).get(turn)
+            if first:
+                self.emit(AudioStarted(turn, first))
         self.emit(PlaybackEnded(turn, time.monotonic_ns()))
         if cancel.is_set():
-            heard = self._heard(spoken, getattr(sink, "played_samples", {}).get(turn, 0))
+            played = getattr(sink, "played_samples", {}).get(turn, 0) if sink is not None else None
+            heard = self._heard(spoken, played) if played is not None else self.dialogue_reply()
             self.dialogue.revise_last_reply(heard)
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "interrupted", heard))
         return self._finish(turn)
+
+    def dialogue_reply(self) -> str:
+        """The last reply as generated (what a reader saw when nothing is spoken)."""
+        return self.dialogue.turns[-1].assistant if self.dialogue.turns else ""
 
     def _generate(
         self, turn: int, text: str, sentences: queue.Queue[tuple[int, str] | None], cancel: threading.Event
@@ -234,6 +256,7 @@ class VoicePipeline:
             if cancel.is_set():
                 continue  # drain without speaking
             index, sentence = item
+            assert self.synthesizer is not None  # _answer speaks only with one
             audio = self.synthesizer.synthesize(sentence)
             self.emit(AudioReady(turn, time.monotonic_ns(), index, 1000 * audio.size / SAMPLE_RATE_HZ))
             if cancel.is_set():
@@ -268,83 +291,3 @@ class VoicePipeline:
                 f.write(record.to_json() + "\n")
         self.emit(TurnDone(turn, time.monotonic_ns(), record))
         return record
-
-
-class LiveLoop:
-    """Microphone -> endpointer -> turns, on one owned capture thread plus one turn at a time."""
-
-    def __init__(
-        self, pipeline: VoicePipeline, microphone: Microphone, speaker: AudioSink, endpointer: Endpointer
-    ) -> None:
-        self.pipeline = pipeline
-        self.mic = microphone
-        self.speaker = speaker
-        self.endpointer = endpointer
-        self.stop_event = threading.Event()
-        self.turn_cancel = threading.Event()
-        self.turn_thread: threading.Thread | None = None
-        self.current_turn = 0
-        self.capture_thread = threading.Thread(target=self._capture, name="capture")
-
-    def start(self) -> None:
-        """Start capturing (``stop()`` ends and joins everything)."""
-        self.mic.start()
-        self.capture_thread.start()
-
-    def busy(self) -> bool:
-        """Whether a turn is being answered."""
-        return self.turn_thread is not None and self.turn_thread.is_alive()
-
-    def _capture(self) -> None:
-        gated = False
-        while not self.stop_event.is_set():
-            block = self.mic.read(0.1)
-            if block is None:
-                continue
-            if self.busy() and not self.pipeline.options.barge_in:
-                gated = True  # the assistant is speaking: do not listen to ourselves
-                continue
-            if gated:
-                gated = False
-                self.endpointer.reset()
-                self.mic.drain()
-                continue
-            for event in self.endpointer.feed(*block):
-                if isinstance(event, SpeechOnset | SpeechStarted) and self.busy():
-                    self._barge_in(event)
-                self.pipeline.emit(event)
-                if isinstance(event, SpeechEnded):
-                    self._start_turn(event)
-
-    def _barge_in(self, event: SpeechOnset | SpeechStarted) -> None:
-        """Stop generation and playback of the turn being answered, now."""
-        if self.turn_cancel.is_set():
-            return
-        self.turn_cancel.set()
-        self.speaker.stop()
-        onset = event.onset_t_ns if isinstance(event, SpeechOnset) else event.t_ns
-        latency_s = getattr(getattr(self.speaker, "stream", None), "latency", 0.0)
-        latency_ms = 1000.0 * float(latency_s or 0.0)
-        self.pipeline.emit(BargeIn(self.current_turn, time.monotonic_ns(), onset, latency_ms))
-
-    def _start_turn(self, utterance: SpeechEnded) -> None:
-        if self.turn_thread is not None:
-            self.turn_thread.join()
-        self.turn_cancel = threading.Event()
-        self.current_turn = utterance.turn_id
-        self.turn_thread = threading.Thread(
-            target=self.pipeline.run_turn,
-            args=(utterance, self.speaker, self.turn_cancel),
-            name=f"turn-{utterance.turn_id}",
-        )
-        self.turn_thread.start()
-
-    def stop(self) -> None:
-        """Cancel the turn in progress, stop playback, join every thread."""
-        self.stop_event.set()
-        self.turn_cancel.set()
-        self.speaker.stop()
-        if self.capture_thread.is_alive():
-            self.capture_thread.join()
-        if self.turn_thread is not None:
-            self.turn_thread.join()

@@ -24,7 +24,8 @@ from assistant.events import (
     TurnDone,
 )
 from assistant.latency import TurnRecord
-from assistant.pipeline import FileSink, LiveLoop, PipelineOptions, VoicePipeline
+from assistant.live import LiveLoop
+from assistant.pipeline import FileSink, PipelineOptions, VoicePipeline
 from assistant.vad import SAMPLE_RATE_HZ, Endpointer, VadOptions
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,385 @@
+"""The Textual app: builds the session in a worker, then shows each turn as its events arrive.
+
+Threads: a Textual thread worker loads the models; the pipeline runs on ``LiveLoop``'s
+capture and turn threads. Every one of them talks to the UI only through ``post_message``
+(thread-safe); the UI thread never waits on audio or the model, except to join the
+threads at quit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
+
+from assistant.config import Settings
+from assistant.events import (
+    AudioReady,
+    BargeIn,
+    Event,
+    MicLevel,
+    SpeechEnded,
+    SpeechOnset,
+    SpeechStarted,
+    TokenGenerated,
+    TranscriptReady,
+    TurnCancelled,
+    TurnDone,
+)
+from assistant.latency import EventLog, TurnRecord, build_record, export_report
+from assistant.live import LiveLoop
+from assistant.pipeline import AudioSink, FileSink, PipelineOptions
+from assistant.session import Progress, Session, build_session
+from assistant.tui.gpu import GpuMonitor
+from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
+from assistant.tui.widgets import Conversation, LatencyBreakdown, SessionStats, StatusBar
+
+logger = logging.getLogger(__name__)
+
+Builder = Callable[[Callable[[Event], None], Progress], Session]
+"""Builds the session from the UI's event callback and progress callback (runs in a worker)."""
+
+
+class AssistantApp(App[int]):
+    """Conversation, live latency breakdown of each turn, session statistics, status bar."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "assistant"
+    AUTO_FOCUS = None  # a focused Input would swallow the keys
+    ENABLE_COMMAND_PALETTE = False  # the footer needs the room for the keys
+    BINDINGS = [
+        Binding("space", "toggle_listening", "Listen on/off"),
+        Binding("m", "mute", "Mute"),
+        Binding("t", "type", "Type"),
+        Binding("b", "barge_in", "Barge-in"),
+        Binding("e", "export", "Export"),
+        Binding("l", "log", "Log"),
+        Binding("q", "quit_app", "Quit"),
+        Binding("escape", "leave_input", "Back", show=False),
+    ]
+
+    def __init__(
+        self,
+        build: Builder | None,
+        *,
+        input_wav: Path | None = None,
+        settings: Settings | None = None,
+        export_dir: Path | None = None,
+        gpu: bool = True,
+    ) -> None:
+        super().__init__()
+        self.build = build
+        self.input_wav = input_wav
+        self.settings = settings or Settings()
+        self.export_dir = export_dir or Path.cwd()
+        self.gpu = GpuMonitor() if gpu else None
+        self.session: Session | None = None
+        self.loop: LiveLoop | None = None
+        self.records: list[TurnRecord] = []
+        self.turn_events: dict[int, list[Event]] = {}
+        self.listening = True
+        self.muted = False
+        self.barge_in = self.settings.pipeline.barge_in
+        self.has_mic = False
+
+    def compose(self) -> ComposeResult:
+        """Status, progress, conversation | statistics, breakdown, input, log, footer."""
+        yield StatusBar(id="status")
+        with Horizontal(id="loading"):
+            yield Static("loading", id="load-step")
+            yield ProgressBar(total=100, show_eta=False, id="load-bar")
+        with Horizontal(id="main"):
+            yield Conversation(id="conversation")
+            with Vertical(id="side"):
+                yield SessionStats(id="stats")
+        yield LatencyBreakdown(id="breakdown")
+        yield Input(placeholder="type a message, Enter to send, Esc to go back", id="text-input")
+        yield RichLog(id="log", max_lines=500, wrap=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Start loading; poll the GPU if there is one."""
+        self.query_one(StatusBar).set(barge_in=self.barge_in)
+        self.set_focus(None)  # a focused Input would swallow the keys
+        if self.gpu is not None and self.gpu.available:
+            self.set_interval(2.0, self._poll_gpu)
+            self._poll_gpu()
+        if self.build is not None:
+            self._load()
+
+    def _poll_gpu(self) -> None:
+        if self.gpu is not None:
+            self.query_one(StatusBar).set(gpu=self.gpu.read())
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self) -> None:
+        """Build the session off the UI thread; report progress and the result as messages."""
+        assert self.build is not None
+        try:
+            session = self.build(self.emit, self._progress)
+            self.loop = self._make_loop(session)
+        except Exception as e:  # shown to the user; the app stays up for text or quit
+            self.post_message(LoadFailed(e))
+            return
+        self.post_message(SessionReady(session.info(), session, tuple(session.notices)))
+
+    def _progress(self, step: str, fraction: float) -> None:
+        self.post_message(LoadProgress(step, fraction))
+
+    def _make_loop(self, session: Session) -> LiveLoop:
+        from assistant.vad import Endpointer
+
+        speaker: AudioSink | None = session.speaker
+        if speaker is None and self.input_wav is not None and session.synthesizer is not None:
+            speaker = FileSink()  # replay without a speaker: the reply is rendered, not played
+        endpointer = Endpointer(self.settings.vad) if session.mic is not None else None
+        loop = LiveLoop(session.pipeline, session.mic, speaker, endpointer, self.emit)
+        loop.listening, loop.muted = self.listening, self.muted
+        return loop
+
+    def emit(self, event: Event) -> None:
+        """The pipeline's event callback: runs on pipeline threads, hands the event to the UI."""
+        self.post_message(PipelineEvent(event))
+
+    # --- messages -------------------------------------------------------------------------
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        """Move the progress bar."""
+        self.query_one("#load-step", Static).update(message.step)
+        self.query_one(ProgressBar).update(progress=100 * message.fraction)
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        """Say what failed; the fix is in the message (ModelNotFound names the command)."""
+        self.query_one("#loading").display = False
+        self.query_one(Conversation).notice(f"error: {message.error}", error=True)
+        self.query_one(StatusBar).set(state="error")
+        self.notify(str(message.error), title="could not start", severity="error", timeout=30)
+
+    def on_session_ready(self, message: SessionReady) -> None:
+        """Show the session; start listening; replay ``--input`` if given."""
+        self.session = message.session
+        self.has_mic = message.info.mic != ""
+        self.query_one("#loading").display = False
+        conversation = self.query_one(Conversation)
+        for notice in message.notices:
+            conversation.notice(f"notice: {notice}")
+        i = message.info
+        conversation.notice(f"ready: {i.llm} ({i.backend}), loaded in {i.load_s:.1f} s")
+        self.query_one(StatusBar).set(info=i, state=self._idle_state())
+        if self.loop is not None:
+            self.loop.pipeline.options = _with_barge_in(self.loop.pipeline.options, self.barge_in)
+            self.loop.start()
+            if self.input_wav is not None:
+                self._replay(self.input_wav)
+
+    def _idle_state(self) -> str:
+        if not self.has_mic:
+            return "text mode"
+        return "muted" if self.muted else "listening" if self.listening else "paused"
+
+    def _replay(self, path: Path) -> None:
+        from assistant.asr import load_wav
+        from assistant.voice import find_utterance
+
+        assert self.loop is not None
+        speech, delay_ms = find_utterance(load_wav(path), self.settings.vad, path)
+        turn = self.loop.submit_speech(speech, delay_ms)
+        self.query_one(Conversation).notice(f"turn {turn}: replaying {path.name}")
+
+    def on_pipeline_event(self, message: PipelineEvent) -> None:
+        """Fold one event into the conversation, the breakdown and the status."""
+        event = message.event
+        status = self.query_one(StatusBar)
+        if isinstance(event, MicLevel):
+            status.set(level_db=event.level_db)
+            return
+        conversation = self.query_one(Conversation)
+        turn = event.turn_id
+        if isinstance(event, SpeechOnset):
+            return  # maybe a cough: the turn shows once SpeechStarted says it is speech
+        if isinstance(event, BargeIn):
+            conversation.notice(f"interrupted: reply stopped {(event.t_ns - event.onset_t_ns) / 1e6:.0f} ms")
+            return
+        events = self.turn_events.setdefault(turn, [])
+        events.append(event)
+        if isinstance(event, SpeechStarted):
+            conversation.hearing(turn)
+            status.set(state="hearing")
+        elif isinstance(event, SpeechEnded):
+            status.set(state="thinking")
+        elif isinstance(event, TranscriptReady):
+            conversation.user(turn, event.text)
+            status.set(state="thinking")
+        elif isinstance(event, TokenGenerated):
+            conversation.token(turn, event.text)
+        elif isinstance(event, AudioReady) and event.index == 0:
+            status.set(state="speaking")
+        elif isinstance(event, TurnCancelled):
+            conversation.cancelled(turn, event.reason)
+        if isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
+            self.turn_done(event.record)
+            return
+        self.query_one(LatencyBreakdown).show(self._live_record(turn), done=False)
+
+    def _live_record(self, turn: int) -> TurnRecord:
+        return build_record(turn, self.turn_events.get(turn, []))
+
+    def turn_done(self, record: TurnRecord) -> None:
+        """A finished turn: last-turn breakdown, statistics, back to idle."""
+        self.turn_events.pop(record.turn_id, None)
+        self.records.append(record)
+        self.query_one(LatencyBreakdown).show(record, done=True)
+        self.query_one(SessionStats).update_records(self.records)
+        self.query_one(StatusBar).set(state=self._idle_state())
+
+    def on_log_line(self, message: LogLine) -> None:
+        """Append to the log pane."""
+        self.query_one(RichLog).write(message.text)
+
+    def on_input_submitted(self, message: Input.Submitted) -> None:
+        """Send the typed message as a turn; focus goes back so the keys work again."""
+        text = message.value.strip()
+        message.input.value = ""
+        self.action_leave_input()
+        if not text:
+            return
+        if self.loop is None:
+            self.query_one(Conversation).notice("still loading: try again in a moment")
+            return
+        self.loop.submit_text(text)
+        self.query_one(StatusBar).set(state="thinking")
+
+    # --- actions --------------------------------------------------------------------------
+
+    def action_toggle_listening(self) -> None:
+        """Space: stop or resume listening to the microphone."""
+        self.listening = not self.listening
+        if self.loop is not None:
+            self.loop.listening = self.listening
+        self.query_one(StatusBar).set(state=self._idle_state())
+
+    def action_mute(self) -> None:
+        """M: mute or unmute the microphone."""
+        self.muted = not self.muted
+        if self.loop is not None:
+            self.loop.muted = self.muted
+        self.query_one(StatusBar).set(state=self._idle_state())
+
+    def action_type(self) -> None:
+        """T: show the text input and focus it."""
+        box = self.query_one(Input)
+        box.display = True
+        box.focus()
+
+    def action_leave_input(self) -> None:
+        """Esc (or Enter): hide the input and move focus off it."""
+        box = self.query_one(Input)
+        box.display = False
+        self.set_focus(None)
+
+    def action_barge_in(self) -> None:
+        """B: let speech interrupt replies (headsets), or not."""
+        self.barge_in = not self.barge_in
+        if self.loop is not None:
+            self.loop.pipeline.options = _with_barge_in(self.loop.pipeline.options, self.barge_in)
+        self.query_one(StatusBar).set(barge_in=self.barge_in)
+        self.notify(f"barge-in {'on: use a headset' if self.barge_in else 'off'}")
+
+    def action_export(self) -> None:
+        """E: write the session's latency report (CSV and JSON)."""
+        stem = time.strftime("latency-%Y%m%d-%H%M%S")
+        try:
+            csv_path, json_path = export_report(self.records, self.export_dir, stem)
+        except OSError as e:
+            self.notify(f"export failed: {e}", severity="error")
+            return
+        self.notify(f"{len(self.records)} turns -> {csv_path}, {json_path}", title="latency report")
+
+    def action_log(self) -> None:
+        """L: show or hide the log pane."""
+        log = self.query_one(RichLog)
+        log.display = not log.display
+
+    def action_quit_app(self) -> None:
+        """Q: stop the turn in progress, join the threads, close the streams, exit."""
+        self.shutdown()
+        self.exit(0)
+
+    def shutdown(self) -> None:
+        """Join every pipeline thread and close the devices (idempotent)."""
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def _with_barge_in(options: PipelineOptions, on: bool) -> PipelineOptions:
+    return replace(options, barge_in=on)
+
+
+class _UiLogHandler(logging.Handler):
+    """Sends log records to the app's log pane (the terminal belongs to the UI)."""
+
+    def __init__(self, app: App[int]) -> None:
+        super().__init__(logging.INFO)
+        self.app = app
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Post the formatted record."""
+        try:
+            self.app.post_message(LogLine(self.format(record), record.levelno))
+        except Exception:  # a log line must never take the app down
+            self.handleError(record)
+
+
+def run_tui(
+    settings: Settings,
+    *,
+    input_wav: Path | None = None,
+    log_path: Path | None = None,
+    events_path: Path | None = None,
+    export_dir: Path | None = None,
+) -> int:
+    """Open the UI on the configured stages until ``q``; returns the exit status."""
+    event_log = EventLog(events_path) if events_path else None
+    app: AssistantApp
+
+    def build(emit: Callable[[Event], None], progress: Progress) -> Session:
+        def both(event: Event) -> None:
+            if event_log is not None and not isinstance(event, MicLevel):
+                event_log(event)
+            emit(event)
+
+        wav = input_wav is not None
+        return build_session(
+            settings,
+            asr=True if wav else None,
+            tts=True if wav else None,
+            emit=both,
+            log_path=log_path,
+            progress=progress,
+        )
+
+    app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [_UiLogHandler(app)]
+    root.setLevel(min(root.level, logging.INFO))
+    try:
+        return app.run() or 0
+    finally:
+        app.shutdown()
+        root.handlers = saved
+        if event_log is not None:
+            event_log.close()

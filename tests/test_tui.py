@@ -1,0 +1,269 @@
+"""The Textual UI: Pilot tests on real sessions (real models), snapshots, and a tmux run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from assistant.config import load_settings
+from assistant.events import (
+    AudioReady,
+    PromptSubmitted,
+    SentenceReady,
+    SpeechEnded,
+    SpeechStarted,
+    TokenGenerated,
+    TranscriptReady,
+)
+from assistant.latency import build_record, percentiles
+from assistant.session import SessionInfo, build_session
+from assistant.tui.app import AssistantApp
+from assistant.tui.messages import PipelineEvent, SessionReady
+from assistant.tui.widgets import SEGMENTS, LatencyBreakdown, fmt_ms
+from tests.speech import speak
+from tests.tui_helpers import screen_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def settings(**extra):
+    return load_settings(
+        None,
+        overrides={"generation.max_new_tokens": 24, "decoder.threads": 2, "asr.cpu_threads": 2, **extra},
+    )
+
+
+def no_audio_env(monkeypatch, tmp_path) -> None:
+    """As on a machine without a sound server (PortAudio lists no devices)."""
+    for key in list(os.environ):
+        if key.startswith(("PULSE", "ALSA")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PULSE_SERVER", f"unix:{tmp_path}/no-such-server")
+
+
+async def wait_until(pilot, condition, timeout_s: float = 120.0) -> None:
+    """Let the app run until ``condition()`` holds (a deadline, not a latency assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the UI did not get there in time"
+        await pilot.pause(0.1)
+
+
+def builder(s, log_path=None, **kwargs):
+    def build(emit, progress):
+        return build_session(s, emit=emit, progress=progress, log_path=log_path, **kwargs)
+
+    return build
+
+
+def pipeline_threads() -> list[threading.Thread]:
+    """Non-daemon threads still alive, besides the main one and the event loop's executor.
+
+    ``asyncio_N`` is the test event loop's default executor (Textual uses it); pytest-asyncio
+    shuts it down with the loop. Everything else (capture, turns, TTS) is ours to join.
+    """
+    return [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and not t.name.startswith("asyncio_")
+    ]
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("q")
+    speak("What is the capital of France?", folder, "question")
+    return folder / "question.wav"
+
+
+@pytest.mark.asyncio
+async def test_replayed_file_turn_shows_the_breakdown_of_its_json_record(question_wav, tmp_path, monkeypatch):
+    """``--input`` in the UI (demo booth): the breakdown shows the numbers of the turn's JSON line."""
+    no_audio_env(monkeypatch, tmp_path)
+    log = tmp_path / "turns.jsonl"
+    s = settings()
+    app = AssistantApp(builder(s, log, asr=True, tts=True), input_wav=question_wav, settings=s, gpu=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.records)
+        await pilot.pause()
+        (line,) = log.read_text().splitlines()
+        rec = json.loads(line)
+        shown = app.query_one(LatencyBreakdown).plain()
+        for label, key, *_ in SEGMENTS:
+            assert rec["metrics"][key] is not None
+            assert f"{label} {fmt_ms(rec['metrics'][key])}" in shown, (label, shown)
+        assert f"voice-to-voice {fmt_ms(rec['metrics']['voice_to_voice_ms'])}" in shown
+        assert f"{rec['metrics']['tokens_per_s']:.1f} tok/s" in shown
+        screen = screen_text(app)
+        assert "capital of france" in screen.lower() and "Paris" in screen
+        assert "replaying question.wav" in screen
+        # The statistics table has this one turn.
+        assert re.search(rf"voice-to-voice\s+{rec['metrics']['voice_to_voice_ms']:.0f}\s", screen), screen
+        await pilot.press("q")
+    assert not pipeline_threads()
+
+
+@pytest.mark.asyncio
+async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, monkeypatch):
+    """No devices: a notice, then t + typing gets replies; stats follow; e exports; q joins all."""
+    no_audio_env(monkeypatch, tmp_path)
+    before = set(threading.enumerate())
+    s = settings()
+    app = AssistantApp(builder(s), settings=s, export_dir=tmp_path / "reports", gpu=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.loop is not None and app.has_mic is False and app.session)
+        await pilot.pause()
+        screen = screen_text(app)
+        assert "no voice" in screen and "no audio input device" in screen
+        assert "TEXT MODE" in screen
+        questions = ["What is the capital of France?", "Say hello.", "Name a colour."]
+        for n, question in enumerate(questions, 1):
+            await pilot.press("t")
+            await pilot.press(*question)
+            await pilot.press("enter")
+            await wait_until(pilot, lambda n=n: len(app.records) == n)
+        await pilot.pause()
+        screen = screen_text(app)
+        assert "Paris" in screen
+        assert app.records[0].transcript == questions[0] and "Paris" in app.records[0].reply
+        # Typed turns have LLM stages, not the voice ones.
+        assert app.records[0].metrics["ttft_ms"] is not None
+        assert app.records[0].metrics["endpointing_ms"] is None
+        stats = percentiles(app.records)
+        assert "turns: 3" in screen
+        ttft = stats["ttft_ms"]
+        row = f"TTFT\\s+{ttft['p50']:.0f}\\s+{ttft['p95']:.0f}\\s+{ttft['p99']:.0f}\\s+{ttft['max']:.0f}\\s+3"
+        assert re.search(row, screen), screen
+        assert re.search(r"endpointing\s+-\s+-\s+-\s+-\s+0", screen)
+        await pilot.press("e")
+        await pilot.pause()
+        (csv_path,) = (tmp_path / "reports").glob("latency-*.csv")
+        rows = csv_path.read_text().splitlines()
+        assert len(rows) == 4 and rows[0].startswith("turn_id,transcript")
+        report = json.loads(csv_path.with_suffix(".json").read_text())
+        assert report["turns"] == 3 and report["percentiles"]["ttft_ms"]["p50"] == pytest.approx(ttft["p50"])
+        await pilot.press("q")
+    assert app.return_code == 0
+    left = [t for t in pipeline_threads() if t not in before]
+    assert not left, left
+
+
+# --- snapshots: fixed events, no models, no clock ------------------------------------------------
+
+INFO = SessionInfo(
+    mic="virtmic",
+    speaker="spk",
+    asr="whisper-tiny.en cpu int8",
+    llm="smollm2-135m-instruct",
+    backend="pytorch-cpu fp32",
+    warm_up_ms={"llm": 212.0, "asr": 305.0},
+    load_s=3.2,
+)
+MS = 1_000_000
+
+
+def turn_events(turn: int, base_ns: int, words: list[str], finished: bool = True):
+    """A voice turn's events at fixed times (speech end at ``base_ns``)."""
+    events = [
+        SpeechStarted(turn, base_ns - 1500 * MS),
+        SpeechEnded(turn, base_ns + 400 * MS, base_ns),
+        TranscriptReady(turn, base_ns + 520 * MS, "What is the capital of France?", 118.0),
+        PromptSubmitted(turn, base_ns + 524 * MS, 60, 40),
+    ]
+    for i, word in enumerate(words):
+        events.append(TokenGenerated(turn, base_ns + (610 + 55 * i) * MS, i, word))
+    if finished:
+        events += [
+            SentenceReady(turn, base_ns + 900 * MS, 0, "".join(words).strip()),
+            AudioReady(turn, base_ns + 930 * MS, 0, 2100.0),
+        ]
+    return events
+
+
+async def show_fixed_session(app, pilot) -> None:
+    app.post_message(SessionReady(INFO, None, ("fixed session for the snapshot",)))
+    await pilot.pause()
+    from assistant.events import AudioStarted, PlaybackEnded
+
+    for turn, base in ((1, 10_000 * MS), (2, 20_000 * MS)):
+        events = turn_events(turn, base, [" The", " capital", " of", " France", " is", " Paris", "."])
+        events += [AudioStarted(turn, base + (960 + 40 * turn) * MS), PlaybackEnded(turn, base + 3000 * MS)]
+        for e in events:
+            app.post_message(PipelineEvent(e))
+        await pilot.pause()
+        from assistant.latency import TurnRecord
+
+        record = build_record(turn, events, backend=INFO.backend, llm_model=INFO.llm, asr_model=INFO.asr)
+        assert isinstance(record, TurnRecord)
+        app.turn_done(record)
+    for e in turn_events(3, 30_000 * MS, [" Berlin", " is"], finished=False):
+        app.post_message(PipelineEvent(e))
+    await pilot.pause()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_main_screen_snapshot(size):
+    """The main screen matches the committed SVG (UPDATE_SNAPSHOTS=1 rewrites it)."""
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=size) as pilot:
+        await show_fixed_session(app, pilot)
+        svg = app.export_screenshot(title="assistant")
+        text = screen_text(app)
+    path = SNAPSHOTS / f"main_{size[0]}x{size[1]}.svg"
+    if os.environ.get("UPDATE_SNAPSHOTS") or not path.exists():
+        SNAPSHOTS.mkdir(exist_ok=True)
+        path.write_text(svg)
+        if not os.environ.get("UPDATE_SNAPSHOTS"):
+            pytest.fail(f"wrote a new snapshot {path}: check it, then commit it")
+    assert "THINKING" in text and "smollm2-135m-instruct" in text  # turn 3 is being answered
+    assert "Berlin is" in text and "q Quit" in text
+    assert svg == path.read_text(), f"screen differs from {path}; UPDATE_SNAPSHOTS=1 to accept"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_tmux_run_of_the_first_command_shows_the_ui(tmp_path):
+    """``assistant`` in a 120x40 tmux pane opens the UI: the status bar and the footer keys."""
+    session = f"assistant-test-{os.getpid()}"
+    env_args = ["-e", f"PYTHONPATH={ROOT}"]
+    for key in ("HOME", "XDG_CACHE_HOME"):
+        if key in os.environ:
+            env_args += ["-e", f"{key}={os.environ[key]}"]
+    exe = ROOT / ".venv" / "bin" / "assistant"  # what scripts/run.sh runs once set up
+    cmd = str(exe) if exe.exists() else f"{sys.executable} -m assistant"
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", *env_args, "-c", str(ROOT)]
+        + [f"{cmd} --max-new-tokens 16"],
+        check=True,
+    )
+    try:
+        screen = ""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+            ).stdout
+            if "ready:" in screen or "error:" in screen:
+                break
+            time.sleep(0.5)
+        assert "ready:" in screen, screen
+        assert "LLM smollm2-135m-instruct" in screen and "q Quit" in screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        for _ in range(100):
+            alive = subprocess.run(["tmux", "has-session", "-t", session], capture_output=True)
+            if alive.returncode != 0:
+                break
+            time.sleep(0.2)
+        assert alive.returncode != 0, "q did not end the app"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
