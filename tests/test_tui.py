@@ -208,7 +208,9 @@ async def show_fixed_session(app, pilot) -> None:
         app.turn_done(record)
     for e in turn_events(3, 30_000 * MS, [" Berlin", " is"], finished=False):
         app.post_message(PipelineEvent(e))
-    await pilot.pause()
+    for _ in range(3):  # messages, then the layout they cause, then the scroll after layout
+        await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
 
 
 @pytest.mark.asyncio

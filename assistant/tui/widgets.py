@@ -48,7 +48,7 @@ class Conversation(VerticalScroll, can_focus=False):
 
     def _add(self, widget: Static) -> Static:
         self.mount(widget)
-        self.scroll_end(animate=False)
+        self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
         return widget
 
     def notice(self, text: str, error: bool = False) -> None:
@@ -74,7 +74,7 @@ class Conversation(VerticalScroll, can_focus=False):
             self._reply_text[turn] = ""
         self._reply_text[turn] += text
         self._reply[turn].update(Text(f"assistant: {self._reply_text[turn].strip()}"))
-        self.scroll_end(animate=False)
+        self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
 
     def reply_text(self, turn: int) -> str:
         """What has streamed of ``turn``'s reply."""
