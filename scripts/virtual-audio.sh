@@ -2,10 +2,11 @@
 # A private PulseAudio with a virtual microphone and speaker, for tests and demos without hardware.
 #   scripts/virtual-audio.sh start   # prints the environment to export (eval "$(... start)")
 #   scripts/virtual-audio.sh stop
+# VIRTUAL_AUDIO_RUNTIME picks its runtime folder (default /tmp/assistant-pulse-UID), so runs can be kept apart.
 # Devices: play a WAV into sink "micfeed" and the app hears it on source "virtmic";
 # what the app plays on sink "spk" can be recorded from "spk.monitor".
 set -euo pipefail
-runtime=${ASSISTANT_AUDIO_RUNTIME:-/tmp/assistant-pulse-$(id -u)}
+runtime=${VIRTUAL_AUDIO_RUNTIME:-/tmp/assistant-pulse-$(id -u)}
 export XDG_RUNTIME_DIR=$runtime PULSE_RUNTIME_PATH=$runtime/pulse
 export PULSE_SERVER=unix:$runtime/pulse/native
 
