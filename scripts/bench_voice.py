@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from assistant.latency import STAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [
     "What is the capital of France?",
@@ -51,14 +53,6 @@ QUESTIONS = [
     "Say hello in French.",
 ]
 VOICES = [("en-us", 160), ("en-us+f3", 175), ("en-gb", 150), ("en-us+m3", 185), ("en-gb+f2", 165)]
-STAGES = (
-    "endpointing_ms",
-    "asr_ms",
-    "ttft_ms",
-    "first_sentence_ms",
-    "tts_first_audio_ms",
-    "voice_to_voice_ms",
-)
 
 
 def render(text: str, voice: str, wpm: int, path: Path) -> None:
