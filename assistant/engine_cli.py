@@ -135,9 +135,9 @@ def _engine_options(args: argparse.Namespace, settings: Settings, model_dir: Pat
 
 def _build(args: argparse.Namespace, settings: Settings) -> int:
     from engines.onnx_export import ExportOptions, export_decoder
+    from engines.progress import ConsolePrinter
     from engines.tensorrt.builder import build_engine
     from engines.tensorrt.flavour import export_dtype
-    from engines.tensorrt.progress import ConsolePrinter
 
     model_dir = resolve_llm_dir(settings.models)
     options = _engine_options(args, settings, model_dir)

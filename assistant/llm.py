@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
 from assistant.config import DecoderSettings, ModelSettings
 from engines.driver import DecoderDriver
+from engines.progress import ProgressCallback
 from engines.tensorrt.options import EngineOptions
 from models.store import BUNDLED, ModelStore
 from models.weights import FETCH_HINT, ModelNotFound, check_model_dir
@@ -81,9 +83,22 @@ def engine_cache_dir(models: ModelSettings) -> Path:
 
 
 def load_llm(
-    models: ModelSettings, decoder: DecoderSettings, engine: EngineOptions | None = None
+    models: ModelSettings,
+    decoder: DecoderSettings,
+    engine: EngineOptions | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[DecoderDriver, Any]:
-    """Build the configured decoder backend and its tokenizer (``engine``: TensorRT build options)."""
+    """Build the configured decoder backend and its tokenizer.
+
+    Args:
+        models: Which model, and the store.
+        decoder: Backend, device, precision, context.
+        engine: TensorRT build options.
+        progress: Hears of ONNX exports, engine cache hits and build phases (any thread).
+        cancel: Set it to stop a TensorRT engine build at its next step.
+    """
     model_dir = resolve_llm_dir(models)
     tokenizer = load_tokenizer(model_dir)
     if decoder.backend not in BACKENDS:
@@ -92,9 +107,10 @@ def load_llm(
         decoder, reason = resolve_auto_backend(decoder)
         logger.info("backend auto: %s (%s)", decoder.backend, reason)
     if decoder.backend == "onnxruntime":
-        return _load_onnxruntime(model_dir, tokenizer, decoder), tokenizer
+        return _load_onnxruntime(model_dir, tokenizer, decoder, progress), tokenizer
     if decoder.backend in ("tensorrt", "tensorrt-rtx"):
-        return _load_tensorrt(model_dir, tokenizer, models, decoder, engine or EngineOptions()), tokenizer
+        trt = engine or EngineOptions()
+        return _load_tensorrt(model_dir, tokenizer, models, decoder, trt, progress, cancel), tokenizer
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 
     options = TorchBackendOptions(
@@ -109,17 +125,31 @@ def load_llm(
 
 
 def _load_tensorrt(
-    model_dir: Path, tokenizer: Any, models: ModelSettings, decoder: DecoderSettings, engine: EngineOptions
+    model_dir: Path,
+    tokenizer: Any,
+    models: ModelSettings,
+    decoder: DecoderSettings,
+    engine: EngineOptions,
+    progress: ProgressCallback | None,
+    cancel: threading.Event | None,
 ) -> DecoderDriver:
     from engines.tensorrt.backend import load_tensorrt_decoder
 
     options = dataclasses.replace(engine, flavour=decoder.backend)
     return load_tensorrt_decoder(
-        model_dir, tokenizer, options, engine_cache_dir(models), capacity_tokens=decoder.context_tokens
+        model_dir,
+        tokenizer,
+        options,
+        engine_cache_dir(models),
+        capacity_tokens=decoder.context_tokens,
+        progress=progress,
+        cancel=cancel,
     )
 
 
-def _load_onnxruntime(model_dir: Path, tokenizer: Any, decoder: DecoderSettings) -> DecoderDriver:
+def _load_onnxruntime(
+    model_dir: Path, tokenizer: Any, decoder: DecoderSettings, progress: ProgressCallback | None
+) -> DecoderDriver:
     from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
 
     if decoder.device not in ("auto", "cpu"):
@@ -127,7 +157,7 @@ def _load_onnxruntime(model_dir: Path, tokenizer: Any, decoder: DecoderSettings)
     options = OnnxRuntimeOptions(
         dtype=onnx_dtype(decoder.dtype), threads=decoder.threads, capacity_tokens=decoder.context_tokens
     )
-    return load_onnxruntime_decoder(model_dir, tokenizer, options)
+    return load_onnxruntime_decoder(model_dir, tokenizer, options, progress)
 
 
 def resolve_auto_backend(decoder: DecoderSettings) -> tuple[DecoderSettings, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from assistant.events import Event
 from assistant.llm import load_llm
 from assistant.pipeline import PipelineOptions, VoicePipeline
 from assistant.tts import SentenceSplitter, Synthesizer
+from engines.progress import EngineProgress
 from models.store import ModelStore
 
 logger = logging.getLogger(__name__)
@@ -23,9 +25,54 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
 """``progress(step, fraction_done)``: what is loading now and how far along the whole load is."""
 
+ENGINE_SPAN = (0.05, 0.45)  # the part of the load bar that the LLM backend's start-up fills
+
+
+class LoadCancelled(Exception):
+    """The load was cancelled (the user quit while models were still loading)."""
+
 
 def _no_progress(_step: str, _fraction: float) -> None:
     pass
+
+
+class EngineSteps:
+    """Engine events (:class:`~engines.progress.EngineProgress`) as load progress.
+
+    Each top-level TensorRT phase fills ``span`` of the bar by its steps; nested phases
+    only change the text. Events come from builder threads many times a second, so
+    repeats of the same text within ``interval_ns`` are dropped.
+    """
+
+    def __init__(self, progress: Progress, span: tuple[float, float] = ENGINE_SPAN) -> None:
+        self.progress = progress
+        self.start, self.stop = span
+        self.fraction = self.start
+        self.top = ""
+        self.lock = threading.Lock()
+        self.last: tuple[str, int] = ("", 0)
+        self.interval_ns = 100_000_000
+
+    def __call__(self, event: EngineProgress) -> None:
+        """Forward ``event`` as ``progress(text, fraction)``."""
+        with self.lock:
+            text = event.message
+            if event.stage == "build":
+                if not event.parent:
+                    self.top = event.phase
+                    if event.num_steps:
+                        done = min(event.step / event.num_steps, 1.0)
+                        self.fraction = max(self.fraction, self.start + (self.stop - self.start) * done)
+                text = f"building engine: {self.top}"
+                if event.parent and event.num_steps:
+                    text += f" / {event.phase} {event.step}/{event.num_steps}"
+            elif event.stage in ("cached", "done", "warmup"):
+                self.fraction = self.stop
+            key = (text, event.t_ns // self.interval_ns)
+            if key == self.last and event.stage == "build" and not event.finished:
+                return
+            self.last = key
+            self.progress(text, self.fraction)
 
 
 @dataclass(frozen=True)
@@ -37,6 +84,7 @@ class SessionInfo:
     asr: str = ""
     llm: str = ""
     backend: str = ""
+    engine: str = ""
     warm_up_ms: dict[str, float] = field(default_factory=dict)
     load_s: float = 0.0
 
@@ -63,6 +111,7 @@ class Session:
             asr=self.transcriber.description if self.transcriber else "",
             llm=self.pipeline.llm_model,
             backend=self.dialogue.decoder.name,
+            engine=getattr(self.dialogue.decoder, "cache_status", ""),
             warm_up_ms=dict(self.warm_up_ms),
             load_s=self.load_s,
         )
@@ -97,45 +146,62 @@ def build_session(
     emit: Callable[[Event], None] | None = None,
     log_path: Path | None = None,
     progress: Progress = _no_progress,
+    cancel: threading.Event | None = None,
 ) -> Session:
     """Open the devices (when ``devices``) and load and warm up the models.
 
     ASR loads when ``asr`` is true, or when it is ``None`` and a microphone opened; TTS
     likewise with ``tts`` and the speaker. Failures of the models raise (ModelNotFound,
-    AsrLoadError, TtsUnavailable...); a missing audio device only adds a notice.
+    AsrLoadError, TtsUnavailable...); a missing audio device only adds a notice. Setting
+    ``cancel`` stops the load at its next step (an engine build at TensorRT's next step)
+    with :class:`LoadCancelled`, devices closed.
     """
     start_ns = time.monotonic_ns()
-    mic = speaker = None
+
+    def step(text: str, fraction: float) -> None:
+        if cancel is not None and cancel.is_set():
+            raise LoadCancelled(f"cancelled while {text}")
+        progress(text, fraction)
+
+    mic = speaker = synthesizer = None
     notices: list[str] = []
     if devices:
-        progress("opening audio devices", 0.02)
+        step("opening audio devices", 0.02)
         mic, speaker, notice = open_audio(settings)
         if notice:
             notices.append(notice)
     try:
-        progress(f"loading LLM {settings.models.llm}", 0.05)
-        decoder, tokenizer = load_llm(settings.models, settings.decoder, settings.engine)
+        step(f"loading LLM {settings.models.llm}", 0.05)
+        decoder, tokenizer = load_llm(
+            settings.models,
+            settings.decoder,
+            settings.engine,
+            progress=EngineSteps(step),
+            cancel=cancel,
+        )
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()
         )
         transcriber = None
         if asr or (asr is None and mic is not None):
-            progress(f"loading ASR {settings.asr.model}", 0.45)
+            step(f"loading ASR {settings.asr.model}", 0.45)
             transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
         warm: dict[str, float] = {}
-        progress("warming up the LLM", 0.6)
+        step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()
         if transcriber is not None:
-            progress("warming up ASR", 0.8)
+            step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
-        synthesizer = None
         if tts or (tts is None and speaker is not None):
-            progress("starting TTS", 0.9)
+            step("starting TTS", 0.9)
             synthesizer = Synthesizer(settings.tts)
-    except BaseException:
-        for device in (mic, speaker):
-            if device is not None:
-                device.close()
+        step("ready", 1.0)
+    except BaseException as e:
+        for stage in (mic, speaker, synthesizer):
+            if stage is not None:
+                stage.close()
+        if cancel is not None and cancel.is_set() and not isinstance(e, LoadCancelled):
+            raise LoadCancelled(f"cancelled ({e})") from e  # e.g. the engine build it stopped
         raise
     logger.info("warm-up: %s", ", ".join(f"{k} {v:.0f} ms" for k, v in warm.items()))
     options = PipelineOptions(barge_in=settings.pipeline.barge_in, log_path=log_path)
@@ -148,7 +214,6 @@ def build_session(
         emit,
         settings.models.llm,
     )
-    progress("ready", 1.0)
     return Session(
         dialogue,
         pipeline,

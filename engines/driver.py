@@ -107,8 +107,16 @@ class DecoderDriver:
     previous conversation only prefills the tokens after the common prefix.
     """
 
-    def __init__(self, step: StepModel, tokenizer: Detokenizer, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        step: StepModel,
+        tokenizer: Detokenizer,
+        eos_token_ids: Sequence[int],
+        cache_status: str = "",
+    ) -> None:
         self.step = step
+        # What start-up reused or had to make (``engine cache hit``, ``ONNX exported in 14 s``).
+        self.cache_status = cache_status
         self.tokenizer = tokenizer
         # The tokenizer's own end token counts too (chat models often end turns with it).
         tokenizer_eos = getattr(tokenizer, "eos_token_id", None)

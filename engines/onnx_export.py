@@ -49,6 +49,7 @@ from typing import Any
 import onnx
 
 import models.decoder
+from engines.progress import ProgressCallback, emit
 from models.config import DecoderConfig
 from models.weights import check_model_dir
 
@@ -177,12 +178,14 @@ def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
-def export_decoder(model_dir: Path, options: ExportOptions, *, force: bool = False) -> ExportedDecoder:
+def export_decoder(
+    model_dir: Path, options: ExportOptions, *, force: bool = False, progress: ProgressCallback | None = None
+) -> ExportedDecoder:
     """The ONNX export of the decoder in ``model_dir``: from the cache, or exported now.
 
     A cached export is checked against its recorded sha256 first; a corrupt, truncated or
     incomplete one is logged and exported again. Exporting loads the weights with PyTorch
-    (SmolLM2-135M: ~15 s on 2 cores).
+    (SmolLM2-135M: ~15 s on 2 cores). ``progress`` hears of the cache hit or the export.
 
     Raises:
         ExportError: Unsupported dtype, an unwritable folder, or a failed export or check.
@@ -198,9 +201,11 @@ def export_decoder(model_dir: Path, options: ExportOptions, *, force: bool = Fal
         problem = check_export(folder)
         if problem is None:
             metadata = _record(folder)["metadata"]
+            emit(progress, "cached", f"ONNX export cache hit ({options.dtype})")
             return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), metadata)
         notice = f"cached export unusable, exporting again: {problem}"
         logger.warning("%s", notice)
+    emit(progress, "export", f"exporting ONNX ({options.dtype}), once per model")
     start = time.monotonic()
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from engines.onnx_export import (
     past_names,
     present_names,
 )
+from engines.progress import ProgressCallback
 from models.config import DecoderConfig
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,10 @@ def session_options(options: OnnxRuntimeOptions) -> ort.SessionOptions:
 
 
 def load_onnxruntime_decoder(
-    model_dir: Path, tokenizer: Detokenizer, options: OnnxRuntimeOptions
+    model_dir: Path,
+    tokenizer: Detokenizer,
+    options: OnnxRuntimeOptions,
+    progress: ProgressCallback | None = None,
 ) -> DecoderDriver:
     """Export (or reuse the cached export of) the model in ``model_dir`` and run it on the CPU.
 
@@ -151,7 +155,7 @@ def load_onnxruntime_decoder(
     if options.dtype not in DTYPES:
         raise ExportError(f"onnxruntime backend dtype {options.dtype!r} unsupported; use fp32 or fp16")
     config = DecoderConfig.from_dir(model_dir)
-    exported = export_decoder(model_dir, ExportOptions(dtype=options.dtype))
+    exported = export_decoder(model_dir, ExportOptions(dtype=options.dtype), progress=progress)
     how = "cached" if exported.cache_hit else f"exported in {exported.export_s:.1f} s"
     start = time.monotonic()
     try:
@@ -171,4 +175,7 @@ def load_onnxruntime_decoder(
         capacity,
     )
     step = OnnxRuntimeStep(session, config, capacity, options.dtype)
-    return DecoderDriver(step, tokenizer, config.eos_token_ids)
+    status = "ONNX export cache hit" if exported.cache_hit else f"ONNX exported in {exported.export_s:.0f} s"
+    if exported.notice:
+        status += f" ({exported.notice})"
+    return DecoderDriver(step, tokenizer, config.eos_token_ids, status)

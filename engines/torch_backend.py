@@ -132,9 +132,13 @@ def load_torch_decoder(
     graphs = use_cuda_graph(options, device)
     model = load_decoder(model_dir, dtype=dtype, device=device)
     step: StepModel
+    status = "eager, nothing to cache"
     if graphs:
+        status = "CUDA graphs captured at start"
         if options.compile:
             use_compile_cache(model_dir / COMPILE_CACHE)
+            warm = any(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).glob("*"))
+            status = "compile cache hit" if warm else "compile cache empty: compiled at start"
         graph_options = GraphOptions(
             options.prefill_buckets, options.decode_windows, capture=True, compile=options.compile
         )
@@ -142,4 +146,4 @@ def load_torch_decoder(
     else:
         step = TorchStep(model, capacity)
     logger.info("loaded %s as %s, KV cache %d tokens", model_dir, step.name, capacity)
-    return DecoderDriver(step, tokenizer, config.eos_token_ids)
+    return DecoderDriver(step, tokenizer, config.eos_token_ids, status)

@@ -18,6 +18,7 @@ import onnx
 import pytest
 import torch
 
+from assistant.session import EngineSteps
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import OnnxParseError, build_engine
@@ -253,3 +254,19 @@ def test_triton_repository_for_a_full_tensorrt_engine_and_refusal_for_rtx(tiny_e
     assert '{ name: "past_key_values.1.value" data_type: TYPE_FP16 dims: [ 2, -1, 16 ] }' in text
     assert '{ name: "last_logits" data_type: TYPE_FP32 dims: [ 300 ] }' in text
     assert text.count("name: ") == 1 + 2 + 4 + 1 + 4  # model, ids, past, logits, present
+
+
+def test_real_build_events_move_the_ui_load_bar_forward_within_its_span(smollm2_engine):
+    """The events of the real SM89 build, as the UI's load bar sees them (session.EngineSteps)."""
+    _, _, events = smollm2_engine
+    shown: list[tuple[str, float]] = []
+    steps = EngineSteps(lambda text, fraction: shown.append((text, fraction)), span=(0.05, 0.45))
+    for event in events:
+        steps(event)
+    fractions = [f for _, f in shown]
+    assert fractions == sorted(fractions) and 0.05 <= fractions[0] and fractions[-1] == 0.45
+    assert len({f for f in fractions}) > 2  # TensorRT's top-level phases moved it, not only the end
+    tops = {e.phase for e in events if e.stage == "build" and not e.parent}
+    assert tops and all(any(text.startswith(f"building engine: {p}") for text, _ in shown) for p in tops)
+    assert len(shown) < len(events) or len(events) < 50  # repeats within 100 ms are dropped
+    assert shown[0][0].startswith("parsing") and shown[-1][0].startswith("built in")

@@ -1,6 +1,6 @@
 """``--backend tensorrt`` / ``tensorrt-rtx``: export, build (both cached), load, warm up.
 
-Everything a first start does is reported as :class:`~engines.tensorrt.progress.EngineProgress`
+Everything a first start does is reported as :class:`~engines.progress.EngineProgress`
 (export, engine cache hit or build phases, warm-up time), so the UI can show why the first
 launch takes longer and that the next one does not.
 """
@@ -8,11 +8,13 @@ launch takes longer and that the next one does not.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 from engines.driver import DecoderDriver, Detokenizer
 from engines.onnx_export import ExportOptions, export_decoder
+from engines.progress import ProgressCallback, emit
 from engines.tensorrt.builder import BuiltEngine, build_engine
 from engines.tensorrt.cuda_mem import gpu_info
 from engines.tensorrt.flavour import (
@@ -23,7 +25,6 @@ from engines.tensorrt.flavour import (
     rtx_supports,
 )
 from engines.tensorrt.options import EngineOptions
-from engines.tensorrt.progress import ProgressCallback, emit
 from engines.tensorrt.runtime import EngineIncompatible, TensorRTStep, runtime_cache_path
 from models.config import DecoderConfig
 
@@ -38,12 +39,14 @@ def load_tensorrt_decoder(
     *,
     capacity_tokens: int = 2048,
     progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
 ) -> DecoderDriver:
     """The model in ``model_dir`` as a TensorRT engine on this machine's GPU.
 
     Exports ONNX and builds the engine when the caches lack them; an engine the GPU refuses
     (other version, damaged) is rebuilt once. Warm-up runs the profile's typical shapes and
     its time is reported (``step.warmup_ms``) and kept out of any turn's statistics.
+    Setting ``cancel`` stops an engine build at TensorRT's next step (``EngineBuildError``).
 
     Raises:
         TensorRTUnavailable: No TensorRT of that flavour, no GPU, or a GPU it does not support.
@@ -65,8 +68,7 @@ def load_tensorrt_decoder(
     if flavour.is_rtx and options.targets == "auto":
         options = replace(options, targets=f"sm{gpu.capability[0]}{gpu.capability[1]}")
     dtype, _ = export_dtype(flavour.name, options.precision)
-    emit(progress, "export", f"ONNX export ({dtype})")
-    exported = export_decoder(model_dir, ExportOptions(dtype=dtype))
+    exported = export_decoder(model_dir, ExportOptions(dtype=dtype), progress=progress)
     calibration = None
     if options.precision == "int8":
         from engines.tensorrt.calibration import calibration_ids
@@ -81,6 +83,7 @@ def load_tensorrt_decoder(
             flavour_name=flavour.name,
             progress=progress,
             force=force,
+            cancel=cancel,
             calibration_ids=calibration,
             gpu=gpu,
         )
@@ -114,4 +117,7 @@ def load_tensorrt_decoder(
         name, built.path, "cached" if built.cache_hit else f"built in {built.build_s:.1f} s",
         step.capacity_tokens, gpu.name,
     )  # fmt: skip
-    return DecoderDriver(step, tokenizer, config.eos_token_ids)
+    status = "engine cache hit" if built.cache_hit else f"engine built in {built.build_s:.0f} s"
+    if built.notice:
+        status += f" ({built.notice})"
+    return DecoderDriver(step, tokenizer, config.eos_token_ids, status)

@@ -4,7 +4,7 @@
 precision (strongly typed from the graph's dtype, or builder flags + INT8 calibration on full
 TensorRT), the workspace limit, the compute-capability targets (RTX) and two optimization
 profiles (prefill and decode, ``options.py``), reports TensorRT's progress as
-:class:`~engines.tensorrt.progress.EngineProgress` events, reuses the timing cache (full
+:class:`~engines.progress.EngineProgress` events, reuses the timing cache (full
 TensorRT) and stores the engine with its record (``cache.py``). A cached engine whose record
 and bytes check out is returned without touching the builder.
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.onnx_export import CONTRACT, INPUT_IDS, POSITION_IDS, SIDECAR, ExportedDecoder, past_names
+from engines.progress import ProgressCallback, emit
 from engines.tensorrt import cache
 from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
 from engines.tensorrt.flavour import (
@@ -36,7 +37,7 @@ from engines.tensorrt.flavour import (
     target_name,
 )
 from engines.tensorrt.options import EngineOptions, EngineOptionsError, profile_shapes
-from engines.tensorrt.progress import ProgressCallback, emit, make_monitor
+from engines.tensorrt.progress import make_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def build_engine(
         options: Precision, targets, workspace, profiles.
         cache_dir: The engine cache folder.
         flavour_name: ``tensorrt`` or ``tensorrt-rtx`` (resolve ``auto`` first).
-        progress: Receives :class:`~engines.tensorrt.progress.EngineProgress` events.
+        progress: Receives :class:`~engines.progress.EngineProgress` events.
         force: Build even when a usable engine is cached.
         cancel: Set it to stop a build at TensorRT's next step.
         calibration_ids: Token ids of representative snippets (required for ``int8``).

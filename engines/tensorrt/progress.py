@@ -1,52 +1,15 @@
-"""Build progress as typed events: TensorRT's IProgressMonitor phases, and the build's own stages.
+"""TensorRT's ``IProgressMonitor`` as :class:`~engines.progress.EngineProgress` events.
 
-A UI subscribes with a callback taking :class:`EngineProgress`; the CLI prints them
-(``assistant engine build``). Events come from TensorRT's builder threads: a callback must be
-thread-safe and quick (post a message, do not draw).
+The callback runs on TensorRT's builder threads: it must be thread-safe and quick.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class EngineProgress:
-    """One step of getting an engine ready.
-
-    Attributes:
-        stage: ``export``, ``parse``, ``build`` (TensorRT phases), ``save``, ``cached``,
-            ``rebuild`` (a cached engine was unusable), ``warmup`` or ``done``.
-        message: Human-readable line (phase name, or what happened).
-        phase: TensorRT phase name for ``build`` events, else ``""``.
-        parent: The enclosing TensorRT phase, ``""`` at the top level.
-        step: Steps of ``phase`` completed so far.
-        num_steps: Steps ``phase`` has (0 when not a TensorRT phase).
-        finished: The phase ended.
-        t_ns: ``time.monotonic_ns()`` when it happened.
-    """
-
-    stage: str
-    message: str
-    phase: str = ""
-    parent: str = ""
-    step: int = 0
-    num_steps: int = 0
-    finished: bool = False
-    t_ns: int = 0
-
-
-ProgressCallback = Callable[[EngineProgress], None]
-
-
-def emit(callback: ProgressCallback | None, stage: str, message: str) -> None:
-    """Send a stage event (not a TensorRT phase) to ``callback`` if there is one."""
-    if callback is not None:
-        callback(EngineProgress(stage, message, t_ns=time.monotonic_ns()))
+from engines.progress import EngineProgress, ProgressCallback
 
 
 def make_monitor(trt: Any, callback: ProgressCallback | None, cancel: threading.Event | None = None) -> Any:
@@ -92,23 +55,3 @@ def make_monitor(trt: Any, callback: ProgressCallback | None, cancel: threading.
                 self._send(phase_name, self.sizes.get(phase_name, 0), finished=True)
 
     return Monitor()
-
-
-class ConsolePrinter:
-    """A callback printing top-level phases and stage messages, one line each, with elapsed time."""
-
-    def __init__(self, write: Callable[[str], None]) -> None:
-        self.write = write
-        self.start_ns = time.monotonic_ns()
-        self.lock = threading.Lock()
-
-    def __call__(self, event: EngineProgress) -> None:
-        """Print ``event`` if it is a stage or the start/end of a top-level TensorRT phase."""
-        if event.stage == "build" and (event.parent or (event.step > 0 and not event.finished)):
-            return
-        elapsed_s = (event.t_ns - self.start_ns) / 1e9
-        what = event.message
-        if event.stage == "build":
-            what = f"{event.phase} ({'done' if event.finished else f'{event.num_steps} steps'})"
-        with self.lock:
-            self.write(f"[{elapsed_s:6.1f} s] {event.stage}: {what}")
