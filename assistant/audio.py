@@ -52,6 +52,8 @@ def _sd() -> Any:
         import sounddevice
     except OSError as e:  # the PortAudio shared library is missing
         raise AudioDeviceError(f"PortAudio not found ({e}): apt-get install libportaudio2") from e
+    except ImportError as e:
+        raise AudioDeviceError(f"the sounddevice package is missing ({e}): run scripts/setup.sh") from e
     return sounddevice
 
 
@@ -154,12 +156,15 @@ class Microphone:
 
     def __init__(self, options: AudioOptions) -> None:
         self.blocks: queue.Queue[tuple[np.ndarray, int]] = queue.Queue(maxsize=2000)
-        self.overflows = 0
+        self.overflows = 0  # blocks dropped because nobody read the queue
+        self.device_overflows = 0  # blocks after which PortAudio reported lost input
         self.stream, self.name, self.rate_hz = _open_stream(
             "input", options.input_device, options.block_ms, self._callback
         )
 
     def _callback(self, indata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
+        if status.input_overflow:  # PortAudio lost samples before this block (callback late)
+            self.device_overflows += 1
         try:
             self.blocks.put_nowait((indata[:, 0].copy(), time.monotonic_ns()))
         except queue.Full:

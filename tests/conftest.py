@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,24 @@ from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.store import DEFAULT_LLM, ModelStore
 
 torch.set_num_threads(2)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def pulse() -> dict[str, str]:
+    """The private PulseAudio of ``scripts/virtual-audio.sh``: the environment to reach it.
+
+    Play a WAV into sink ``micfeed`` and the app hears it on ``virtmic``; what the app plays
+    on ``spk`` can be recorded from ``spk.monitor``. Stopped at the end of the session.
+    """
+    if shutil.which("pulseaudio") is None:
+        pytest.skip("pulseaudio is not installed (scripts/setup.sh --dev)")
+    script = str(ROOT / "scripts" / "virtual-audio.sh")
+    out = subprocess.run([script, "start"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    env = dict(item.split("=", 1) for item in out.stdout.split()[1:])
+    yield env
+    subprocess.run([script, "stop"], env={**os.environ, **env})
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -27,8 +28,9 @@ from assistant.events import (
 from assistant.latency import build_record, percentiles
 from assistant.session import SessionInfo, build_session
 from assistant.tui.app import AssistantApp
+from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
 from assistant.tui.messages import PipelineEvent, SessionReady
-from assistant.tui.widgets import SEGMENTS, LatencyBreakdown, fmt_ms
+from assistant.tui.widgets import Conversation, StatusBar
 from tests.speech import speak
 from tests.tui_helpers import screen_text
 
@@ -49,6 +51,15 @@ def no_audio_env(monkeypatch, tmp_path) -> None:
         if key.startswith(("PULSE", "ALSA")):
             monkeypatch.delenv(key)
     monkeypatch.setenv("PULSE_SERVER", f"unix:{tmp_path}/no-such-server")
+    rescan_audio_devices()
+
+
+def rescan_audio_devices() -> None:
+    """PortAudio lists devices once, at initialisation: start it again under the new env."""
+    import sounddevice as sd
+
+    sd._terminate()
+    sd._initialize()
 
 
 async def wait_until(pilot, condition, timeout_s: float = 120.0) -> None:
@@ -60,8 +71,8 @@ async def wait_until(pilot, condition, timeout_s: float = 120.0) -> None:
 
 
 def builder(s, log_path=None, **kwargs):
-    def build(emit, progress):
-        return build_session(s, emit=emit, progress=progress, log_path=log_path, **kwargs)
+    def build(emit, progress, cancel):
+        return build_session(s, emit=emit, progress=progress, cancel=cancel, log_path=log_path, **kwargs)
 
     return build
 
@@ -99,7 +110,7 @@ async def test_replayed_file_turn_shows_the_breakdown_of_its_json_record(questio
         (line,) = log.read_text().splitlines()
         rec = json.loads(line)
         shown = app.query_one(LatencyBreakdown).plain()
-        for label, key, *_ in SEGMENTS:
+        for label, _short, key, _style in LEGEND:
             assert rec["metrics"][key] is not None
             assert f"{label} {fmt_ms(rec['metrics'][key])}" in shown, (label, shown)
         assert f"voice-to-voice {fmt_ms(rec['metrics']['voice_to_voice_ms'])}" in shown
@@ -109,6 +120,56 @@ async def test_replayed_file_turn_shows_the_breakdown_of_its_json_record(questio
         assert "replaying question.wav" in screen
         # The statistics table has this one turn.
         assert re.search(rf"voice-to-voice\s+{rec['metrics']['voice_to_voice_ms']:.0f}\s", screen), screen
+        await pilot.press("q")
+    assert not pipeline_threads()
+
+
+@pytest.mark.asyncio
+async def test_spoken_turn_on_the_virtual_mic_hears_answers_and_mutes(pulse, question_wav, monkeypatch):
+    """The question spoken into the virtual mic: hearing, transcript, reply, breakdown; m mutes it."""
+    for key, value in pulse.items():
+        monkeypatch.setenv(key, value)
+    rescan_audio_devices()
+    s = settings()
+    app = AssistantApp(builder(s), settings=s, gpu=False)
+    env = {**os.environ, **pulse}
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.loop is not None and app.session is not None)
+        await pilot.pause()
+        screen = screen_text(app)
+        assert "LISTENING" in screen and "in: " in screen and "out: none" not in screen, screen
+        status = app.query_one(StatusBar)
+        loudest = []
+
+        def answered() -> bool:
+            loudest.append(status.level_db if status.level_db is not None else -120.0)
+            return bool(app.records)
+
+        # Played without blocking the event loop, so the UI runs (and is sampled) meanwhile.
+        play = await asyncio.create_subprocess_exec("paplay", "--device=micfeed", str(question_wav), env=env)
+        await wait_until(pilot, answered)
+        assert await play.wait() == 0
+        await pilot.pause()
+        assert max(loudest) > -40  # the level meter moved with the speech
+        (record,) = app.records
+        mic = app.session.mic
+        lost = f"mic blocks dropped {mic.overflows}, PortAudio overflows {mic.device_overflows}"
+        # Heard and transcribed (tiny.en on espeak-ng may say "capital and friends": ASR
+        # accuracy is test_voice's; here the UI must show what the pipeline produced).
+        assert "capital" in record.transcript.lower(), (record.transcript, lost)
+        shown = app.query_one(LatencyBreakdown).plain()
+        for label, _short, key, _style in LEGEND:
+            assert record.metrics[key] is not None, key
+            assert f"{label} {fmt_ms(record.metrics[key])}" in shown, (label, shown)
+        conversation = app.query_one(Conversation)
+        assert " ".join(conversation.reply_text(record.turn_id).split()) == " ".join(record.reply.split())
+        screen = " ".join(screen_text(app).split())
+        assert f"you: {record.transcript}" in screen and record.reply.split()[0] in screen, screen
+        await pilot.press("m")
+        assert "MUTED" in screen_text(app)
+        subprocess.run(["paplay", "--device=micfeed", str(question_wav)], env=env, check=True)
+        await pilot.pause(1.0)
+        assert len(app.records) == 1 and not app.turn_events  # muted: nothing was heard
         await pilot.press("q")
     assert not pipeline_threads()
 
@@ -140,7 +201,7 @@ async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, m
         assert app.records[0].metrics["ttft_ms"] is not None
         assert app.records[0].metrics["endpointing_ms"] is None
         stats = percentiles(app.records)
-        assert "turns: 3" in screen
+        assert "session: 3 turns" in screen
         ttft = stats["ttft_ms"]
         row = f"TTFT\\s+{ttft['p50']:.0f}\\s+{ttft['p95']:.0f}\\s+{ttft['p99']:.0f}\\s+{ttft['max']:.0f}\\s+3"
         assert re.search(row, screen), screen
@@ -158,6 +219,87 @@ async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, m
     assert not left, left
 
 
+def source_outputs(env) -> list[str]:
+    """Recording streams of clients on the virtual PulseAudio (one per open microphone).
+
+    The virtual mic's own remap stream has no client (``-``) and is left out.
+    """
+    cmd = ["pactl", "list", "short", "source-outputs"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [line for line in out.stdout.splitlines() if line.split("\t")[2] != "-"]
+
+
+@pytest.mark.asyncio
+async def test_q_while_models_load_cancels_the_load_and_closes_the_microphone(pulse, monkeypatch):
+    """Q during loading: the load stops at its next step, the app exits, no stream is left open."""
+    for key, value in pulse.items():
+        monkeypatch.setenv(key, value)
+    rescan_audio_devices()
+    env = {**os.environ, **pulse}
+    s = settings()
+    steps = []
+
+    def build(emit, progress, cancel):
+        def seen(step, fraction):
+            steps.append(step)
+            progress(step, fraction)
+
+        return build_session(s, emit=emit, progress=seen, cancel=cancel)
+
+    app = AssistantApp(build, settings=s, gpu=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: any(step.startswith("loading LLM") for step in steps))
+        assert source_outputs(env), "the microphone should be open while the models load"
+        await pilot.press("q")
+        await pilot.pause()
+        assert "quitting" in screen_text(app)
+        await wait_until(pilot, lambda: app.loader is not None and not app.loader.is_alive(), 60)
+        await pilot.pause()
+    assert app.return_code == 0
+    assert app.session is None and app.loop is None
+    assert "ready" not in steps  # it stopped before the end, at a step boundary
+    assert not source_outputs(env)  # the microphone it had opened is closed
+    assert not pipeline_threads()
+
+
+@pytest.mark.asyncio
+async def test_status_bar_shows_the_onnx_export_cache_hit_then_the_rebuild_of_a_damaged_one(
+    smollm2_export, onnx_model_dir, tmp_path, monkeypatch
+):
+    """onnxruntime backend: a cached export reads as a hit; a damaged one is re-exported, not fatal."""
+    no_audio_env(monkeypatch, tmp_path)
+    exported = smollm2_export("fp32")
+    s = settings(**{"models.llm": str(onnx_model_dir), "decoder.backend": "onnxruntime"})
+
+    async def start(expect: str) -> tuple[list[str], str]:
+        steps: list[str] = []
+
+        def build(emit, progress, cancel):
+            def seen(step, fraction):
+                steps.append(step)
+                progress(step, fraction)
+
+            return build_session(s, emit=emit, progress=seen, cancel=cancel)
+
+        app = AssistantApp(build, settings=s, gpu=False)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_until(pilot, lambda: app.session is not None, 180)
+            await pilot.pause()
+            screen = screen_text(app)
+            assert f"engine: {expect}" in screen and "(onnxruntime" in screen, screen
+            await pilot.press("q")
+        return steps, screen
+
+    steps, _ = await start("ONNX export cache hit")
+    assert "ONNX export cache hit (fp32)" in steps
+    with exported.path.open("r+b") as f:  # a truncated graph, as after a full disk
+        f.truncate(exported.path.stat().st_size // 2)
+    steps, screen = await start("ONNX exported in")
+    assert "exporting ONNX (fp32), once per model" in steps
+    assert "cached export unusable" in screen  # the ready notice says why it was exported again
+
+
 # --- snapshots: fixed events, no models, no clock ------------------------------------------------
 
 INFO = SessionInfo(
@@ -166,6 +308,7 @@ INFO = SessionInfo(
     asr="whisper-tiny.en cpu int8",
     llm="smollm2-135m-instruct",
     backend="pytorch-cpu fp32",
+    engine="eager, nothing to cache",
     warm_up_ms={"llm": 212.0, "asr": 305.0},
     load_s=3.2,
 )
@@ -191,6 +334,7 @@ def turn_events(turn: int, base_ns: int, words: list[str], finished: bool = True
 
 
 async def show_fixed_session(app, pilot) -> None:
+    app.query_one(LatencyBreakdown).clock = lambda: 31_234 * MS  # turn 3 is 1.2 s in
     app.post_message(SessionReady(INFO, None, ("fixed session for the snapshot",)))
     await pilot.pause()
     from assistant.events import AudioStarted, PlaybackEnded

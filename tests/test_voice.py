@@ -102,18 +102,6 @@ def test_bad_input_files_give_a_clear_error(tmp_path, content, message):
     assert re.search(message, result.stderr, re.I) and "Traceback" not in result.stderr
 
 
-@pytest.fixture(scope="module")
-def pulse():
-    """The private PulseAudio of scripts/virtual-audio.sh: virtual mic and speaker."""
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "virtual-audio.sh"), "start"], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    env = dict(item.split("=", 1) for item in out.stdout.split()[1:])
-    yield env
-    subprocess.run([str(ROOT / "scripts" / "virtual-audio.sh"), "stop"], env={**os.environ, **env})
-
-
 class Live:
     """``assistant run --no-tui`` on the virtual devices, with its stdout read line by line."""
 

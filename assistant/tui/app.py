@@ -1,20 +1,22 @@
 """The Textual app: builds the session in a worker, then shows each turn as its events arrive.
 
-Threads: a Textual thread worker loads the models; the pipeline runs on ``LiveLoop``'s
-capture and turn threads. Every one of them talks to the UI only through ``post_message``
+Threads: a loader thread builds the session; the pipeline runs on ``LiveLoop``'s capture
+and turn threads. Every one of them talks to the UI only through ``post_message``
 (thread-safe); the UI thread never waits on audio or the model, except to join the
-threads at quit.
+threads at quit. Quitting while the models load cancels the load at its next step and
+exits once the loader has closed what it opened.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -37,15 +39,20 @@ from assistant.events import (
 from assistant.latency import EventLog, TurnRecord, build_record, export_report
 from assistant.live import LiveLoop
 from assistant.pipeline import AudioSink, FileSink, PipelineOptions
-from assistant.session import Progress, Session, build_session
+from assistant.session import LoadCancelled, Progress, Session, build_session
+from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
-from assistant.tui.widgets import Conversation, LatencyBreakdown, SessionStats, StatusBar
+from assistant.tui.widgets import Conversation, SessionStats, StatusBar
 
 logger = logging.getLogger(__name__)
 
-Builder = Callable[[Callable[[Event], None], Progress], Session]
-"""Builds the session from the UI's event callback and progress callback (runs in a worker)."""
+DRAIN_HZ = 20  # how often pipeline events reach the screen
+LOADER_JOIN_S = 120.0  # longest single load step waited for at quit (an ONNX export: ~15 s)
+
+Builder = Callable[[Callable[[Event], None], Progress, threading.Event], Session]
+"""Builds the session from the UI's event callback, progress callback and cancel flag
+(runs on the loader thread; raises :class:`LoadCancelled` once the flag is set)."""
 
 
 class AssistantApp(App[int]):
@@ -55,6 +62,7 @@ class AssistantApp(App[int]):
     TITLE = "assistant"
     AUTO_FOCUS = None  # a focused Input would swallow the keys
     ENABLE_COMMAND_PALETTE = False  # the footer needs the room for the keys
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # app.tcss sizes the panes by these
     BINDINGS = [
         Binding("space", "toggle_listening", "Listen on/off"),
         Binding("m", "mute", "Mute"),
@@ -63,6 +71,7 @@ class AssistantApp(App[int]):
         Binding("e", "export", "Export"),
         Binding("l", "log", "Log"),
         Binding("q", "quit_app", "Quit"),
+        Binding("ctrl+q,ctrl+c", "quit_app", "Quit", show=False, priority=True),
         Binding("escape", "leave_input", "Back", show=False),
     ]
 
@@ -89,6 +98,11 @@ class AssistantApp(App[int]):
         self.muted = False
         self.barge_in = self.settings.pipeline.barge_in
         self.has_mic = False
+        self.cancel_load = threading.Event()
+        self.loader: threading.Thread | None = None
+        self.quitting = False
+        self.load_step = ("loading", time.monotonic())
+        self._inbox: deque[Event] = deque()
 
     def compose(self) -> ComposeResult:
         """Status, progress, conversation | statistics, breakdown, input, log, footer."""
@@ -108,23 +122,29 @@ class AssistantApp(App[int]):
     def on_mount(self) -> None:
         """Start loading; poll the GPU if there is one."""
         self.query_one(StatusBar).set(barge_in=self.barge_in)
+        self.query_one(Conversation).border_title = "conversation"
         self.set_focus(None)  # a focused Input would swallow the keys
+        self.set_interval(1 / DRAIN_HZ, self._drain)
         if self.gpu is not None and self.gpu.available:
             self.set_interval(2.0, self._poll_gpu)
             self._poll_gpu()
         if self.build is not None:
-            self._load()
+            self.loader = threading.Thread(target=self._load, name="session-loader", daemon=True)
+            self.loader.start()
+            self.set_interval(0.5, self._tick_load_step)
 
     def _poll_gpu(self) -> None:
         if self.gpu is not None:
             self.query_one(StatusBar).set(gpu=self.gpu.read())
 
-    @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
-        """Build the session off the UI thread; report progress and the result as messages."""
+        """Loader thread: build the session; report progress and the result as messages."""
         assert self.build is not None
         try:
-            session = self.build(self.emit, self._progress)
+            session = self.build(self.emit, self._progress, self.cancel_load)
+            if self.cancel_load.is_set():  # quit came as the last step finished
+                session.close()
+                raise LoadCancelled("cancelled")
             self.loop = self._make_loop(session)
         except Exception as e:  # shown to the user; the app stays up for text or quit
             self.post_message(LoadFailed(e))
@@ -133,6 +153,12 @@ class AssistantApp(App[int]):
 
     def _progress(self, step: str, fraction: float) -> None:
         self.post_message(LoadProgress(step, fraction))
+
+    def _tick_load_step(self) -> None:
+        """Seconds on the current load step, so a long one (an engine build) never looks frozen."""
+        if self.query_one("#loading").display:
+            text, since = self.load_step
+            self.query_one("#load-step", Static).update(f"{text}  {time.monotonic() - since:.0f} s")
 
     def _make_loop(self, session: Session) -> LiveLoop:
         from assistant.vad import Endpointer
@@ -146,18 +172,25 @@ class AssistantApp(App[int]):
         return loop
 
     def emit(self, event: Event) -> None:
-        """The pipeline's event callback: runs on pipeline threads, hands the event to the UI."""
-        self.post_message(PipelineEvent(event))
+        """The pipeline's event callback (any thread): queued for the UI's next drain."""
+        self._inbox.append(event)  # deque.append is thread-safe
 
     # --- messages -------------------------------------------------------------------------
 
     def on_load_progress(self, message: LoadProgress) -> None:
         """Move the progress bar."""
+        if self.quitting:
+            return
+        if message.step != self.load_step[0]:
+            self.load_step = (message.step, time.monotonic())
         self.query_one("#load-step", Static).update(message.step)
         self.query_one(ProgressBar).update(progress=100 * message.fraction)
 
     def on_load_failed(self, message: LoadFailed) -> None:
         """Say what failed; the fix is in the message (ModelNotFound names the command)."""
+        if self.quitting:  # the cancelled load has closed what it opened: now exit
+            self.exit(0)
+            return
         self.query_one("#loading").display = False
         self.query_one(Conversation).notice(f"error: {message.error}", error=True)
         self.query_one(StatusBar).set(state="error")
@@ -165,6 +198,11 @@ class AssistantApp(App[int]):
 
     def on_session_ready(self, message: SessionReady) -> None:
         """Show the session; start listening; replay ``--input`` if given."""
+        if self.quitting:  # loaded just as q was pressed: close it and go
+            self.session = message.session
+            self.shutdown()
+            self.exit(0)
+            return
         self.session = message.session
         self.has_mic = message.info.mic != ""
         self.query_one("#loading").display = False
@@ -172,7 +210,8 @@ class AssistantApp(App[int]):
         for notice in message.notices:
             conversation.notice(f"notice: {notice}")
         i = message.info
-        conversation.notice(f"ready: {i.llm} ({i.backend}), loaded in {i.load_s:.1f} s")
+        engine = f", {i.engine}" if i.engine else ""
+        conversation.notice(f"ready: {i.llm} ({i.backend}){engine}, loaded in {i.load_s:.1f} s")
         self.query_one(StatusBar).set(info=i, state=self._idle_state())
         if self.loop is not None:
             self.loop.pipeline.options = _with_barge_in(self.loop.pipeline.options, self.barge_in)
@@ -195,19 +234,43 @@ class AssistantApp(App[int]):
         self.query_one(Conversation).notice(f"turn {turn}: replaying {path.name}")
 
     def on_pipeline_event(self, message: PipelineEvent) -> None:
-        """Fold one event into the conversation, the breakdown and the status."""
-        event = message.event
+        """An event posted as a message (tests, snapshots): shown at once."""
+        self._inbox.append(message.event)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Fold the events that came since the last drain into the conversation, breakdown, status.
+
+        The pipeline's threads only append to the inbox (``emit``); the UI drains it
+        :data:`DRAIN_HZ` times a second. Waking the UI thread for every token would take
+        the GIL from the decode loop each time (measured on an H200: TTFT 3 -> 35-60 ms).
+        """
+        if not self._inbox or not self.is_running:
+            return
+        live: int | None = None
+        while self._inbox:
+            event = self._inbox.popleft()
+            if self._apply(event):
+                live = event.turn_id
+            elif isinstance(event, TurnDone):
+                live = None if live == event.turn_id else live
+        self.query_one(Conversation).flush()
+        if live is not None and live in self.turn_events:
+            self.query_one(LatencyBreakdown).show(self._live_record(live), done=False)
+
+    def _apply(self, event: Event) -> bool:
+        """Fold one event; True when the running turn's breakdown changed."""
         status = self.query_one(StatusBar)
         if isinstance(event, MicLevel):
             status.set(level_db=event.level_db)
-            return
+            return False
         conversation = self.query_one(Conversation)
         turn = event.turn_id
         if isinstance(event, SpeechOnset):
-            return  # maybe a cough: the turn shows once SpeechStarted says it is speech
+            return False  # maybe a cough: the turn shows once SpeechStarted says it is speech
         if isinstance(event, BargeIn):
             conversation.notice(f"interrupted: reply stopped {(event.t_ns - event.onset_t_ns) / 1e6:.0f} ms")
-            return
+            return False
         events = self.turn_events.setdefault(turn, [])
         events.append(event)
         if isinstance(event, SpeechStarted):
@@ -223,11 +286,12 @@ class AssistantApp(App[int]):
         elif isinstance(event, AudioReady) and event.index == 0:
             status.set(state="speaking")
         elif isinstance(event, TurnCancelled):
+            conversation.flush()
             conversation.cancelled(turn, event.reason)
         if isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
             self.turn_done(event.record)
-            return
-        self.query_one(LatencyBreakdown).show(self._live_record(turn), done=False)
+            return False
+        return True
 
     def _live_record(self, turn: int) -> TurnRecord:
         return build_record(turn, self.turn_events.get(turn, []))
@@ -251,7 +315,7 @@ class AssistantApp(App[int]):
         self.action_leave_input()
         if not text:
             return
-        if self.loop is None:
+        if self.loop is None or self.session is None:  # the session is set once it is ready
             self.query_one(Conversation).notice("still loading: try again in a moment")
             return
         self.loop.submit_text(text)
@@ -309,12 +373,27 @@ class AssistantApp(App[int]):
         log.display = not log.display
 
     def action_quit_app(self) -> None:
-        """Q: stop the turn in progress, join the threads, close the streams, exit."""
+        """Q: stop the turn in progress, join the threads, close the streams, exit.
+
+        While the models load, the load is cancelled first and the app exits when the
+        loader has stopped (at its next step), so nothing it opened is left behind.
+        """
+        if self.loader is not None and self.loader.is_alive():
+            self.quitting = True
+            self.cancel_load.set()
+            self.load_step = ("quitting: stopping the load at its next step", time.monotonic())
+            self.query_one("#load-step", Static).update(self.load_step[0])
+            return
         self.shutdown()
         self.exit(0)
 
     def shutdown(self) -> None:
-        """Join every pipeline thread and close the devices (idempotent)."""
+        """Stop the load, join every pipeline thread and close the devices (idempotent)."""
+        self.cancel_load.set()
+        if self.loader is not None and self.loader is not threading.current_thread():
+            self.loader.join(timeout=LOADER_JOIN_S)
+            if self.loader.is_alive():  # a step that does not return (a stuck download)
+                logger.warning("the model loader is still running after %.0f s; leaving it", LOADER_JOIN_S)
         if self.loop is not None:
             self.loop.stop()
             self.loop = None
@@ -355,7 +434,7 @@ def run_tui(
     event_log = EventLog(events_path) if events_path else None
     app: AssistantApp
 
-    def build(emit: Callable[[Event], None], progress: Progress) -> Session:
+    def build(emit: Callable[[Event], None], progress: Progress, cancel: threading.Event) -> Session:
         def both(event: Event) -> None:
             if event_log is not None and not isinstance(event, MicLevel):
                 event_log(event)
@@ -369,6 +448,7 @@ def run_tui(
             emit=both,
             log_path=log_path,
             progress=progress,
+            cancel=cancel,
         )
 
     app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)

@@ -1,4 +1,4 @@
-"""The UI's widgets: conversation, latency breakdown, session statistics, status bar."""
+"""The UI's widgets: conversation, session statistics, status bar (the breakdown: ``breakdown.py``)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,6 @@ from textual.widgets import DataTable, Sparkline, Static
 from assistant.latency import STAGES, TurnRecord, percentiles
 from assistant.session import SessionInfo
 
-# (label, record metric, start stamp, stop stamp, style) in waterfall order: the bar's
-# segments follow the stamps, so they add up to voice-to-voice; the labels are the metrics.
-SEGMENTS = (
-    ("endpointing", "endpointing_ms", "speech_end", "endpoint", "on dark_cyan"),
-    ("ASR", "asr_ms", "endpoint", "transcript", "on blue"),
-    ("TTFT", "ttft_ms", "transcript", "first_token", "on dark_magenta"),
-    ("first sentence", "first_sentence_ms", "first_token", "first_sentence", "on dark_orange3"),
-    ("TTS first audio", "tts_first_audio_ms", "first_sentence", "first_audio", "on green4"),
-)
 STAGE_LABELS = {
     "endpointing_ms": "endpointing",
     "asr_ms": "ASR",
@@ -32,11 +23,6 @@ STAGE_LABELS = {
 }
 
 
-def fmt_ms(value: float | None) -> str:
-    """``412 ms``, or ``n/a`` for a stage the turn did not have."""
-    return "n/a" if value is None else f"{value:.0f} ms"
-
-
 class Conversation(VerticalScroll, can_focus=False):
     """User utterances, streaming replies and system notices, newest at the bottom."""
 
@@ -45,6 +31,7 @@ class Conversation(VerticalScroll, can_focus=False):
         self._user: dict[int, Static] = {}
         self._reply: dict[int, Static] = {}
         self._reply_text: dict[int, str] = {}
+        self._dirty: set[int] = set()
 
     def _add(self, widget: Static) -> Static:
         self.mount(widget)
@@ -68,13 +55,20 @@ class Conversation(VerticalScroll, can_focus=False):
         widget.update(Text(f"you: {text or '(nothing recognised)'}"))
 
     def token(self, turn: int, text: str) -> None:
-        """Append streamed reply text of ``turn``."""
+        """Append streamed reply text of ``turn`` (shown at the next :meth:`flush`)."""
         if turn not in self._reply:
             self._reply[turn] = self._add(Static(classes="assistant"))
             self._reply_text[turn] = ""
         self._reply_text[turn] += text
-        self._reply[turn].update(Text(f"assistant: {self._reply_text[turn].strip()}"))
-        self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
+        self._dirty.add(turn)
+
+    def flush(self) -> None:
+        """Show the reply text streamed since the last flush (one redraw per batch of tokens)."""
+        for turn in self._dirty:
+            self._reply[turn].update(Text(f"assistant: {self._reply_text[turn].strip()}"))
+        if self._dirty:
+            self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
+        self._dirty.clear()
 
     def reply_text(self, turn: int) -> str:
         """What has streamed of ``turn``'s reply."""
@@ -88,88 +82,6 @@ class Conversation(VerticalScroll, can_focus=False):
             self.notice(f"turn {turn}: {reason}")
 
 
-class LatencyBreakdown(Static):
-    """Waterfall of the current and the last turn: speech end -> first audio, per stage."""
-
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.current: TurnRecord | None = None
-        self.last: TurnRecord | None = None
-
-    def show(self, record: TurnRecord, done: bool) -> None:
-        """Update with ``record`` of the turn running (``done=False``) or just finished."""
-        if done:
-            self.last, self.current = record, None
-        else:
-            self.current = record
-        self.refresh(layout=True)
-
-    def _bar(self, record: TurnRecord, width: int) -> Text:
-        ts = record.timestamps_ns
-        spans = [
-            (label, (ts[b] - ts[a]) / 1e6, style)
-            for label, _, a, b, style in SEGMENTS
-            if ts.get(a) and ts.get(b) and ts[b] >= ts[a]
-        ]
-        total = sum(ms for _, ms, _ in spans)
-        bar = Text()
-        if total <= 0:
-            return Text("(waiting for the first stage)", style="dim")
-        used = 0
-        for i, (_label, ms, style) in enumerate(spans):
-            cells = width - used if i == len(spans) - 1 and len(spans) == len(SEGMENTS) else 0
-            cells = cells or max(1, round(width * ms / total))
-            cells = min(cells, width - used)
-            label = f"{ms:.0f}"
-            bar.append(label.center(cells)[:cells] if cells >= len(label) else " " * cells, style)
-            used += cells
-        return bar
-
-    def _legend(self, record: TurnRecord) -> Text:
-        m = record.metrics
-        out = Text()
-        for label, key, *_, style in SEGMENTS:
-            out.append("  ", style)
-            out.append(f" {label} {fmt_ms(m.get(key))} ")
-        return out
-
-    @staticmethod
-    def _totals(record: TurnRecord) -> Text:
-        m = record.metrics
-        tps = m.get("tokens_per_s")
-        out = Text()
-        out.append(f"voice-to-voice {fmt_ms(m.get('voice_to_voice_ms'))}", "bold")
-        out.append(f"   {'n/a' if tps is None else f'{tps:.1f}'} tok/s   {record.tokens} tokens")
-        out.append(f"   prompt {record.prompt_tokens} ({record.reused_tokens} reused)")
-        return out
-
-    def render(self) -> RenderableType:
-        """Two blocks: the turn in progress (if any) and the last finished one."""
-        width = max(self.size.width - 2, 10)
-        blocks: list[RenderableType] = []
-        for title, record in (("now", self.current), ("last", self.last)):
-            if record is None:
-                continue
-            head = Text(f"{title}: turn {record.turn_id}  ", "bold")
-            head.append_text(self._totals(record))
-            if record.cancelled:
-                head.append(f"  ({record.cancelled})", "yellow")
-            blocks += [head, self._bar(record, width), self._legend(record)]
-        if not blocks:
-            blocks.append(Text("latency breakdown: speak or press t to type", "dim"))
-        return Group(*blocks)
-
-    def plain(self) -> str:
-        """The rendered text, without styles (what a user reads)."""
-        width = max(self.size.width - 2, 10)
-        parts = []
-        for record in (self.current, self.last):
-            if record is not None:
-                parts += [self._totals(record).plain, self._bar(record, width).plain]
-                parts.append(self._legend(record).plain)
-        return "\n".join(parts)
-
-
 class SessionStats(Vertical):
     """P50/P95/P99/max per stage over the session, turn count, voice-to-voice sparkline."""
 
@@ -178,11 +90,14 @@ class SessionStats(Vertical):
         table: DataTable[str] = DataTable(show_cursor=False, zebra_stripes=True, id="stats-table")
         table.can_focus = False
         yield table
-        yield Static("turns: 0", id="turn-count")
+        yield Static("voice-to-voice per turn:", id="v2v-label")
         yield Sparkline([], id="v2v-spark")
 
     def on_mount(self) -> None:
         """Columns and one row per stage."""
+        self.border_title = "session: 0 turns"
+        self.query_one("#v2v-label", Static).display = False
+        self.query_one(Sparkline).display = False
         table = self.query_one(DataTable)
         table.add_column("stage", key="stage")
         for col in ("P50", "P95", "P99", "max", "n"):
@@ -202,10 +117,11 @@ class SessionStats(Vertical):
             for col, value in zip(("P50", "P95", "P99", "max", "n"), values, strict=True):
                 table.update_cell(key, col, value, update_width=True)
         v2v = [r.metrics["voice_to_voice_ms"] or 0.0 for r in records if r.metrics.get("voice_to_voice_ms")]
-        self.query_one("#turn-count", Static).update(
-            f"turns: {len(records)}   voice-to-voice per turn (ms):" if v2v else f"turns: {len(records)}"
-        )
-        self.query_one(Sparkline).data = v2v
+        self.border_title = f"session: {len(records)} turn{'' if len(records) == 1 else 's'}"
+        self.query_one("#v2v-label", Static).display = bool(v2v)
+        spark = self.query_one(Sparkline)
+        spark.display = bool(v2v)  # typed turns only: no voice-to-voice to plot
+        spark.data = v2v
 
 
 def level_meter(level_db: float | None, cells: int = 10) -> str:
@@ -217,7 +133,7 @@ def level_meter(level_db: float | None, cells: int = 10) -> str:
 
 
 class StatusBar(Static):
-    """State, mic level, devices, models, backend, warm-up and GPU, on two lines."""
+    """State, mic level, devices, models, backend, engine cache, warm-up and GPU."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -231,10 +147,10 @@ class StatusBar(Static):
         """Change any of ``state``, ``level_db``, ``info``, ``barge_in``, ``gpu``."""
         for key, value in values.items():
             setattr(self, key, value)
-        self.refresh()
+        self.refresh(layout="info" in values or "gpu" in values)  # they may need a third line
 
     def render(self) -> RenderableType:
-        """The two status lines."""
+        """Two status lines, or three when the second does not fit the width."""
         i = self.info
         warm = ", ".join(f"{k} {v:.0f} ms" for k, v in i.warm_up_ms.items()) or "-"
         line1 = Text()
@@ -242,11 +158,15 @@ class StatusBar(Static):
         line1.append(f" mic {level_meter(self.level_db if i.mic else None)} ")
         barge = "on" if self.barge_in else "off"
         line1.append(f" in: {i.mic or 'none'}  out: {i.speaker or 'none'}  barge-in {barge}")
-        line2 = Text(
-            f" LLM {i.llm or '-'} ({i.backend or '-'})  ASR {i.asr or 'none'}  warm-up {warm}"
-            f"  GPU {self.gpu or 'none'}"
-        )
-        return Group(line1, line2)
+        llm = f" LLM {i.llm or '-'} ({i.backend or '-'})  engine: {i.engine or '-'}"
+        rest = f" ASR {i.asr or 'none'}  warm-up {warm}  GPU {self.gpu or 'none'}"
+        lines = [line1, Text(f"{llm} {rest}")]
+        if len(lines[1]) > self.size.width:
+            lines = [line1, Text(llm), Text(rest)]
+        for line in lines:
+            line.no_wrap = True
+            line.overflow = "ellipsis"
+        return Group(*lines)
 
 
 STATE_STYLES = {

@@ -1,0 +1,162 @@
+"""The latency waterfall of the turn in progress and of the last finished turn."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual.widgets import Static
+
+from assistant.latency import TurnRecord
+
+# The bar's pieces, in time order, between consecutive stamps of the turn: together they
+# span speech end -> first audio, i.e. voice-to-voice. (label, start, stop, style)
+SEGMENTS = (
+    ("endpointing", "speech_end", "endpoint", "on dark_cyan"),
+    ("ASR", "endpoint", "transcript", "on blue"),
+    ("prompt", "transcript", "prompt_submitted", "on grey30"),
+    ("TTFT", "prompt_submitted", "first_token", "on dark_magenta"),
+    ("rest of 1st sentence", "first_token", "first_sentence", "on dark_orange3"),
+    ("TTS first audio", "first_sentence", "first_audio", "on green4"),
+)
+# The legend: the turn's metrics exactly as its JSON line has them (assistant.latency).
+# First sentence counts from the prompt, so its bar piece is what it adds after TTFT (+N).
+# (label, short label, metric, style of its swatch)
+LEGEND = (
+    ("endpointing", "endpoint", "endpointing_ms", "on dark_cyan"),
+    ("ASR", "ASR", "asr_ms", "on blue"),
+    ("TTFT", "TTFT", "ttft_ms", "on dark_magenta"),
+    ("first sentence", "1st sent", "first_sentence_ms", "on dark_orange3"),
+    ("TTS first audio", "TTS", "tts_first_audio_ms", "on green4"),
+)
+NARROW_CELLS = 100  # below this width the labels are the short ones
+PLUS = {"rest of 1st sentence"}  # pieces labelled "+N": they continue the metric before them
+
+
+def fmt_ms(value: float | None) -> str:
+    """``412 ms``, or ``n/a`` for a stage the turn did not have."""
+    return "n/a" if value is None else f"{value:.0f} ms"
+
+
+class LatencyBreakdown(Static):
+    """Waterfall of the current and the last turn: speech end -> first audio, per stage.
+
+    While a turn runs it redraws ten times a second with the time since the user stopped
+    speaking (``clock`` is ``time.monotonic_ns``, replaceable for snapshots).
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.current: TurnRecord | None = None
+        self.last: TurnRecord | None = None
+        self.clock: Callable[[], int] = time.monotonic_ns
+
+    def on_mount(self) -> None:
+        """Tick while a turn is in progress."""
+        self.border_title = "latency: speech end -> first audio"
+        self.set_interval(0.1, self._tick)
+
+    def _tick(self) -> None:
+        if self.current is not None:
+            self.refresh()
+
+    def show(self, record: TurnRecord, done: bool) -> None:
+        """Update with ``record`` of the turn running (``done=False``) or just finished."""
+        blocks = (self.current is not None, self.last is not None)
+        if done:
+            self.last, self.current = record, None
+        else:
+            self.current = record
+        # A new layout only when a block appears or goes (its height changes); else a redraw.
+        self.refresh(layout=blocks != (self.current is not None, self.last is not None))
+
+    @property
+    def narrow(self) -> bool:
+        """Short labels: the widget is narrower than :data:`NARROW_CELLS`."""
+        return self.size.width < NARROW_CELLS
+
+    def _bar(self, record: TurnRecord, width: int, running: bool) -> Text:
+        ts = record.timestamps_ns
+        spans = [
+            (label, (ts[b] - ts[a]) / 1e6, style)
+            for label, a, b, style in SEGMENTS
+            if ts.get(a) and ts.get(b) and ts[b] >= ts[a]
+        ]
+        if running and spans and not ts.get("first_audio"):  # the stage under way, growing
+            latest = max(ts[b] for _, a, b, _ in SEGMENTS if ts.get(a) and ts.get(b))
+            spans.append(("waiting", max(self.clock() - latest, 0) / 1e6, "on grey23"))
+        total = sum(ms for _, ms, _ in spans)
+        if total <= 0:
+            return Text("(waiting for the first stage)", style="dim")
+        bar = Text()
+        used = 0
+        complete = bool(ts.get("first_audio")) or running
+        for i, (label, ms, style) in enumerate(spans):
+            cells = round(width * ms / total)
+            if label != "prompt":
+                cells = max(1, cells)  # every stage is visible; the prompt step is often 0 ms
+            if complete and i == len(spans) - 1:
+                cells = width - used  # rounding leftovers go to the last piece
+            cells = max(0, min(cells, width - used))
+            text = "..." if label == "waiting" else f"+{ms:.0f}" if label in PLUS else f"{ms:.0f}"
+            text = "" if label == "prompt" else text  # not a metric of its own: no number
+            bar.append(text.center(cells) if cells >= len(text) else " " * cells, style)
+            used += cells
+        return bar
+
+    def _legend(self, record: TurnRecord) -> Text:
+        m = record.metrics
+        out = Text()
+        for label, short, key, style in LEGEND:
+            value = m.get(key)
+            out.append("▮", style.removeprefix("on "))
+            if self.narrow:  # one "ms" for the line
+                out.append(f" {short} {'n/a' if value is None else f'{value:.0f}'}  ")
+            else:
+                out.append(f" {label} {fmt_ms(value)}   ")
+        if self.narrow:
+            out.append("(ms)", "dim")
+        return out
+
+    def _totals(self, title: str, record: TurnRecord) -> Text:
+        m = record.metrics
+        out = Text(f"{title}: turn {record.turn_id}  ", "bold")
+        v2v = m.get("voice_to_voice_ms")
+        name = "v2v" if self.narrow else "voice-to-voice"
+        if v2v is None and title == "now":
+            start = record.timestamps_ns.get("speech_end") or record.timestamps_ns.get("transcript")
+            if start:
+                out.append(f"{name} running {(self.clock() - start) / 1e9:.1f} s", "bold yellow")
+        else:
+            out.append(f"{name} {fmt_ms(v2v)}", "bold")
+        tps = m.get("tokens_per_s")
+        out.append(f"  {'n/a' if tps is None else f'{tps:.1f}'} tok/s  {record.tokens} tok")
+        out.append(f"  prompt {record.prompt_tokens} ({record.reused_tokens} reused)")
+        if record.cancelled:
+            out.append(f"  ({record.cancelled})", "yellow")
+        return out
+
+    def _lines(self) -> list[Text]:
+        width = max(self.size.width - 2, 10)
+        lines: list[Text] = []
+        for title, record in (("now", self.current), ("last", self.last)):
+            if record is not None:
+                bar = self._bar(record, width, running=title == "now")
+                lines += [self._totals(title, record), bar, self._legend(record)]
+        return lines
+
+    def render(self) -> RenderableType:
+        """Three lines per turn: totals, the bar, the legend with the turn's metrics."""
+        lines = self._lines()
+        if not lines:
+            return Text("latency breakdown: speak or press t to type", "dim")
+        for line in lines:
+            line.no_wrap = True
+            line.overflow = "ellipsis"
+        return Group(*lines)
+
+    def plain(self) -> str:
+        """The rendered text, without styles (what a user reads)."""
+        return "\n".join(line.plain for line in self._lines())
