@@ -40,3 +40,19 @@ def test_assistant_bench_runs_the_script(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert [r["key"] for r in json.loads(out_json.read_text())["rows"]] == ["eager-fp32"]
+
+
+def test_bench_ui_times_typed_turns_with_and_without_the_ui(tmp_path):
+    """scripts/bench_ui.py on the real model, one turn per row: a table and its JSON."""
+    out_json = tmp_path / "ui.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_ui.py"), "--turns", "1", "--max-new-tokens", "8"]
+    cmd += ["--switch-intervals", "0.0002", "--size", "80x24", "--json", str(out_json)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| pipeline only, no UI |" in out.stdout
+    assert "| UI 80x24, GIL switch interval 0.2 ms |" in out.stdout
+    doc = json.loads(out_json.read_text())
+    assert doc["backend"].startswith("pytorch-cpu") and "--turns 1" in doc["command"]
+    assert len(doc["rows"]) == 2
+    for row in doc["rows"].values():
+        assert row["turns"] == 1 and row["ttft_ms_median"] > 0 and row["tokens_per_s_median"] > 0

@@ -10,6 +10,7 @@ exits once the loader has closed what it opened.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -48,6 +49,11 @@ from assistant.tui.widgets import Conversation, SessionStats, StatusBar
 logger = logging.getLogger(__name__)
 
 DRAIN_HZ = 20  # how often pipeline events reach the screen
+# The GIL is handed to a waiting thread after this long (Python's default: 5 ms). Textual
+# draws in Python on the UI thread; with 5 ms the decode thread waited for the GIL after
+# each CUDA sync (H200: 227 tok/s in the UI against 493 without it; at 0.2 ms, 490).
+# docs/benchmarks.md has the runs (scripts/bench_ui.py).
+UI_SWITCH_INTERVAL_S = 0.0002
 LOADER_JOIN_S = 120.0  # longest single load step waited for at quit (an ONNX export: ~15 s)
 
 Builder = Callable[[Callable[[Event], None], Progress, threading.Event], Session]
@@ -242,8 +248,8 @@ class AssistantApp(App[int]):
         """Fold the events that came since the last drain into the conversation, breakdown, status.
 
         The pipeline's threads only append to the inbox (``emit``); the UI drains it
-        :data:`DRAIN_HZ` times a second. Waking the UI thread for every token would take
-        the GIL from the decode loop each time (measured on an H200: TTFT 3 -> 35-60 ms).
+        :data:`DRAIN_HZ` times a second rather than being woken for every token, which
+        would take the GIL from the decode loop each time.
         """
         if not self._inbox or not self.is_running:
             return
@@ -456,10 +462,13 @@ def run_tui(
     saved = root.handlers[:]
     root.handlers = [_UiLogHandler(app)]
     root.setLevel(min(root.level, logging.INFO))
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(UI_SWITCH_INTERVAL_S)
     try:
         return app.run() or 0
     finally:
         app.shutdown()
+        sys.setswitchinterval(switch_s)
         root.handlers = saved
         if event_log is not None:
             event_log.close()
