@@ -146,3 +146,32 @@ def test_sentence_splitter_cuts_a_run_on_sentence_for_early_speech():
         " ".join(parts).split()
         == "one two three four five six seven eight nine ten eleven twelve thirteen".split()
     )
+
+
+def test_stderr_to_log_sends_fd2_lines_to_the_callback_and_keeps_the_terminal_for_textual(tmp_path):
+    """What C libraries write to fd 2 reaches the callback; sys.__stderr__ still reaches the terminal.
+
+    A file stands in for the terminal on fd 2 (pytest owns the real one).
+    """
+    import os
+    import sys
+
+    from assistant.tui.stderr import StderrToLog
+
+    terminal = tmp_path / "terminal"
+    saved = os.dup(2)
+    fd = os.open(terminal, os.O_WRONLY | os.O_CREAT)
+    os.dup2(fd, 2)
+    os.close(fd)
+    seen: list[str] = []
+    try:
+        with StderrToLog(seen.append) as capture:
+            os.write(2, b"ALSA lib pcm.c:8570:(snd_pcm_recover) underrun occurred\n")
+            sys.__stderr__.write("frame drawn by textual\n")
+        capture_lines = list(capture.lines)
+        os.write(2, b"after the UI\n")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    assert seen == ["ALSA lib pcm.c:8570:(snd_pcm_recover) underrun occurred"] == capture_lines
+    assert terminal.read_text() == "frame drawn by textual\nafter the UI\n"

@@ -44,6 +44,7 @@ from assistant.session import LoadCancelled, Progress, Session, build_session
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
+from assistant.tui.stderr import StderrToLog
 from assistant.tui.widgets import Conversation, SessionStats, StatusBar
 
 logger = logging.getLogger(__name__)
@@ -464,11 +465,22 @@ def run_tui(
     root.setLevel(min(root.level, logging.INFO))
     switch_s = sys.getswitchinterval()
     sys.setswitchinterval(UI_SWITCH_INTERVAL_S)
+
+    # ALSA and PortAudio print to fd 2; in the log pane, not over the screen.
+    def to_log_pane(line: str) -> None:
+        app.post_message(LogLine(line, logging.WARNING))
+
+    capture = StderrToLog(to_log_pane)
+    code = 1
     try:
-        return app.run() or 0
+        with capture:
+            code = app.run() or 0
+        return code
     finally:
         app.shutdown()
         sys.setswitchinterval(switch_s)
         root.handlers = saved
         if event_log is not None:
             event_log.close()
+        if code != 0:
+            capture.replay()  # a crash's traceback went to the pipe: show it now

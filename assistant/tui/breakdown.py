@@ -31,7 +31,6 @@ LEGEND = (
     ("first sentence", "1st sent", "first_sentence_ms", "on dark_orange3"),
     ("TTS first audio", "TTS", "tts_first_audio_ms", "on green4"),
 )
-NARROW_CELLS = 100  # below this width the labels are the short ones
 PLUS = {"rest of 1st sentence"}  # pieces labelled "+N": they continue the metric before them
 
 
@@ -52,6 +51,7 @@ class LatencyBreakdown(Static):
         self.current: TurnRecord | None = None
         self.last: TurnRecord | None = None
         self.clock: Callable[[], int] = time.monotonic_ns
+        self.narrow = False  # short labels: the long ones do not fit the width
 
     def on_mount(self) -> None:
         """Tick while a turn is in progress."""
@@ -71,11 +71,6 @@ class LatencyBreakdown(Static):
             self.current = record
         # A new layout only when a block appears or goes (its height changes); else a redraw.
         self.refresh(layout=blocks != (self.current is not None, self.last is not None))
-
-    @property
-    def narrow(self) -> bool:
-        """Short labels: the widget is narrower than :data:`NARROW_CELLS`."""
-        return self.size.width < NARROW_CELLS
 
     def _bar(self, record: TurnRecord, width: int, running: bool) -> Text:
         ts = record.timestamps_ns
@@ -139,12 +134,15 @@ class LatencyBreakdown(Static):
         return out
 
     def _lines(self) -> list[Text]:
-        width = max(self.size.width - 2, 10)
-        lines: list[Text] = []
-        for title, record in (("now", self.current), ("last", self.last)):
-            if record is not None:
-                bar = self._bar(record, width, running=title == "now")
-                lines += [self._totals(title, record), bar, self._legend(record)]
+        width = max(self.size.width, 10)
+        for self.narrow in (False, True):  # the long labels if they fit, else the short ones
+            lines: list[Text] = []
+            for title, record in (("now", self.current), ("last", self.last)):
+                if record is not None:
+                    bar = self._bar(record, width, running=title == "now")
+                    lines += [self._totals(title, record), bar, self._legend(record)]
+            if all(len(line.plain.rstrip()) <= width for line in lines):
+                break
         return lines
 
     def render(self) -> RenderableType:
