@@ -70,9 +70,16 @@ async def wait_until(pilot, condition, timeout_s: float = 120.0) -> None:
         await pilot.pause(0.1)
 
 
-def builder(s, log_path=None, **kwargs):
+def builder(s, log_path=None, steps: list[str] | None = None, **kwargs):
+    """The app's session builder over the real models; each load step is added to ``steps``."""
+
     def build(emit, progress, cancel):
-        return build_session(s, emit=emit, progress=progress, cancel=cancel, log_path=log_path, **kwargs)
+        def seen(step, fraction):
+            if steps is not None:
+                steps.append(step)
+            progress(step, fraction)
+
+        return build_session(s, emit=emit, progress=seen, cancel=cancel, log_path=log_path, **kwargs)
 
     return build
 
@@ -238,16 +245,8 @@ async def test_q_while_models_load_cancels_the_load_and_closes_the_microphone(pu
     rescan_audio_devices()
     env = {**os.environ, **pulse}
     s = settings()
-    steps = []
-
-    def build(emit, progress, cancel):
-        def seen(step, fraction):
-            steps.append(step)
-            progress(step, fraction)
-
-        return build_session(s, emit=emit, progress=seen, cancel=cancel)
-
-    app = AssistantApp(build, settings=s, gpu=False)
+    steps: list[str] = []
+    app = AssistantApp(builder(s, steps=steps), settings=s, gpu=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: any(step.startswith("loading LLM") for step in steps))
         assert source_outputs(env), "the microphone should be open while the models load"
@@ -274,15 +273,7 @@ async def test_status_bar_shows_the_onnx_export_cache_hit_then_the_rebuild_of_a_
 
     async def start(expect: str) -> tuple[list[str], str]:
         steps: list[str] = []
-
-        def build(emit, progress, cancel):
-            def seen(step, fraction):
-                steps.append(step)
-                progress(step, fraction)
-
-            return build_session(s, emit=emit, progress=seen, cancel=cancel)
-
-        app = AssistantApp(build, settings=s, gpu=False)
+        app = AssistantApp(builder(s, steps=steps), settings=s, gpu=False)
         async with app.run_test(size=(160, 40)) as pilot:
             await wait_until(pilot, lambda: app.session is not None, 180)
             await pilot.pause()

@@ -190,7 +190,7 @@ class AssistantApp(App[int]):
             return
         if message.step != self.load_step[0]:
             self.load_step = (message.step, time.monotonic())
-        self.query_one("#load-step", Static).update(message.step)
+        self._tick_load_step()
         self.query_one(ProgressBar).update(progress=100 * message.fraction)
 
     def on_load_failed(self, message: LoadFailed) -> None:
@@ -255,23 +255,22 @@ class AssistantApp(App[int]):
         if not self._inbox or not self.is_running:
             return
         live: int | None = None
+        status, conversation = self.query_one(StatusBar), self.query_one(Conversation)
         while self._inbox:
             event = self._inbox.popleft()
-            if self._apply(event):
+            if self._apply(event, status, conversation):
                 live = event.turn_id
             elif isinstance(event, TurnDone):
                 live = None if live == event.turn_id else live
-        self.query_one(Conversation).flush()
+        conversation.flush()
         if live is not None and live in self.turn_events:
             self.query_one(LatencyBreakdown).show(self._live_record(live), done=False)
 
-    def _apply(self, event: Event) -> bool:
+    def _apply(self, event: Event, status: StatusBar, conversation: Conversation) -> bool:
         """Fold one event; True when the running turn's breakdown changed."""
-        status = self.query_one(StatusBar)
         if isinstance(event, MicLevel):
             status.set(level_db=event.level_db)
             return False
-        conversation = self.query_one(Conversation)
         turn = event.turn_id
         if isinstance(event, SpeechOnset):
             return False  # maybe a cough: the turn shows once SpeechStarted says it is speech
@@ -389,7 +388,7 @@ class AssistantApp(App[int]):
             self.quitting = True
             self.cancel_load.set()
             self.load_step = ("quitting: stopping the load at its next step", time.monotonic())
-            self.query_one("#load-step", Static).update(self.load_step[0])
+            self._tick_load_step()
             return
         self.shutdown()
         self.exit(0)

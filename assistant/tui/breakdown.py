@@ -12,17 +12,19 @@ from textual.widgets import Static
 from assistant.latency import TurnRecord
 
 # The bar's pieces, in time order, between consecutive stamps of the turn: together they
-# span speech end -> first audio, i.e. voice-to-voice. (label, start, stop, style)
+# span speech end -> first audio, i.e. voice-to-voice. (start, stop, style, label format)
+# The prompt step has no metric of its own, so no number (and often 0 cells); the rest of
+# the first sentence reads "+N": it continues TTFT, and first sentence counts from the prompt.
 SEGMENTS = (
-    ("endpointing", "speech_end", "endpoint", "on dark_cyan"),
-    ("ASR", "endpoint", "transcript", "on blue"),
-    ("prompt", "transcript", "prompt_submitted", "on grey30"),
-    ("TTFT", "prompt_submitted", "first_token", "on dark_magenta"),
-    ("rest of 1st sentence", "first_token", "first_sentence", "on dark_orange3"),
-    ("TTS first audio", "first_sentence", "first_audio", "on green4"),
+    ("speech_end", "endpoint", "on dark_cyan", "{:.0f}"),
+    ("endpoint", "transcript", "on blue", "{:.0f}"),
+    ("transcript", "prompt_submitted", "on grey30", ""),
+    ("prompt_submitted", "first_token", "on dark_magenta", "{:.0f}"),
+    ("first_token", "first_sentence", "on dark_orange3", "+{:.0f}"),
+    ("first_sentence", "first_audio", "on green4", "{:.0f}"),
 )
+WAITING = ("on grey23", "...")  # the stage under way, while a turn runs
 # The legend: the turn's metrics exactly as its JSON line has them (assistant.latency).
-# First sentence counts from the prompt, so its bar piece is what it adds after TTFT (+N).
 # (label, short label, metric, style of its swatch)
 LEGEND = (
     ("endpointing", "endpoint", "endpointing_ms", "on dark_cyan"),
@@ -31,7 +33,6 @@ LEGEND = (
     ("first sentence", "1st sent", "first_sentence_ms", "on dark_orange3"),
     ("TTS first audio", "TTS", "tts_first_audio_ms", "on green4"),
 )
-PLUS = {"rest of 1st sentence"}  # pieces labelled "+N": they continue the metric before them
 
 
 def fmt_ms(value: float | None) -> str:
@@ -74,29 +75,27 @@ class LatencyBreakdown(Static):
 
     def _bar(self, record: TurnRecord, width: int, running: bool) -> Text:
         ts = record.timestamps_ns
-        spans = [
-            (label, (ts[b] - ts[a]) / 1e6, style)
-            for label, a, b, style in SEGMENTS
-            if ts.get(a) and ts.get(b) and ts[b] >= ts[a]
+        done = [
+            (a, b, style, fmt) for a, b, style, fmt in SEGMENTS if ts.get(a) and ts.get(b) and ts[b] >= ts[a]
         ]
+        spans = [((ts[b] - ts[a]) / 1e6, style, fmt) for a, b, style, fmt in done]
         if running and spans and not ts.get("first_audio"):  # the stage under way, growing
-            latest = max(ts[b] for _, a, b, _ in SEGMENTS if ts.get(a) and ts.get(b))
-            spans.append(("waiting", max(self.clock() - latest, 0) / 1e6, "on grey23"))
-        total = sum(ms for _, ms, _ in spans)
+            latest = max(ts[b] for _, b, _, _ in done)
+            spans.append((max(self.clock() - latest, 0) / 1e6, *WAITING))
+        total = sum(ms for ms, _, _ in spans)
         if total <= 0:
             return Text("(waiting for the first stage)", style="dim")
         bar = Text()
         used = 0
         complete = bool(ts.get("first_audio")) or running
-        for i, (label, ms, style) in enumerate(spans):
+        for i, (ms, style, fmt) in enumerate(spans):
             cells = round(width * ms / total)
-            if label != "prompt":
-                cells = max(1, cells)  # every stage is visible; the prompt step is often 0 ms
+            if fmt:
+                cells = max(1, cells)  # every stage with a number is visible
             if complete and i == len(spans) - 1:
                 cells = width - used  # rounding leftovers go to the last piece
             cells = max(0, min(cells, width - used))
-            text = "..." if label == "waiting" else f"+{ms:.0f}" if label in PLUS else f"{ms:.0f}"
-            text = "" if label == "prompt" else text  # not a metric of its own: no number
+            text = fmt.format(ms)
             bar.append(text.center(cells) if cells >= len(text) else " " * cells, style)
             used += cells
         return bar
