@@ -37,6 +37,17 @@ NO_BREAK_ABBREVIATIONS = frozenset(
 LIST_MARKER = re.compile(r"(\d{1,2})\.\s")
 CLAUSE_END = re.compile(r"[,;:](?=\s)")
 PARTIAL_LIST_MARKER = re.compile(r"\d{1,2}\.?")  # what a list marker looks like before its space
+WORD = re.compile(r"\S+")
+AFTER_WORD = re.compile(r"\s+(\S)")  # a word boundary, confirmed by the next non-space character
+# Words a first chunk must not end on: the phrase goes on after them ("going to | the shop").
+NO_END_WORDS = frozenset(
+    "a an the of to in on at for with from by about into as than "
+    "and or but nor if because when while whether although unless until "
+    "is are was were be been am do does did has have had can could will would should may might must "
+    "my your his her its our their this these those any some every each very i we they he she "
+    "i'm it's that's there's here's you're we're they're let's".split()
+)
+FIRST_CHUNK_EXTRA_WORDS = 3  # how far past ``first_chunk_words`` a cut may move to a word that can end
 MARKDOWN = (
     (re.compile(r"^#{1,6}\s+"), ""),  # header
     (re.compile(r"^[-*+•]\s+"), ""),  # bullet
@@ -61,10 +72,15 @@ class SplitterOptions:
     ``first_clause_chars``: the reply's first sentence is cut at its first ``,``/``;``/``:``
     at or after this many characters, so a long opening sentence starts playing after one
     clause instead of after all of it (0: never).
+    ``first_chunk_words``: the reply's first chunk also ends after this many words when no
+    sentence or clause end has come by then, so a run-on opening starts playing sooner
+    (0: never). It moves up to 3 words on rather than end on a number or a word that cannot
+    end a phrase (``NO_END_WORDS``: "going to | the shop"), and is skipped if none can.
     """
 
     max_chars: int = 200
     first_clause_chars: int = 24
+    first_chunk_words: int = 5
 
 
 class SentenceSplitter:
@@ -77,7 +93,8 @@ class SentenceSplitter:
     "etc.", "U.S.", "p.m.") ends one unless a lowercase word follows; an ellipsis only before
     an uppercase letter. "1." opening a sentence is a list marker, and the next number
     ("2.") or a "1." after a colon starts a new item. Markdown markers are removed from the
-    sentences, and sentences with nothing to say ("---") are dropped.
+    sentences, and sentences with nothing to say ("---") are dropped. The reply's first chunk
+    may end earlier, after its first clause or words (:class:`SplitterOptions`).
     """
 
     def __init__(self, options: SplitterOptions | None = None) -> None:
@@ -116,10 +133,13 @@ class SentenceSplitter:
         """
         marker = LIST_MARKER.match(text)
         item = int(marker.group(1)) if marker else None
-        clause = self._first_clause_end(text)
+        early = min(
+            (c for c in (self._first_clause_end(text), self._first_words_end(text, marker)) if c is not None),
+            default=None,
+        )
         for m in SCAN.finditer(text, marker.end() if marker else 0):
-            if clause is not None and m.start() >= clause:
-                return clause
+            if early is not None and m.start() >= early:
+                return early
             if m.start() >= self.options.max_chars:
                 break
             if m[0] == "\n":
@@ -130,8 +150,8 @@ class SentenceSplitter:
                 verdict, cut = self._ends_sentence(text, m.start(), m.end(), final), m.end()
             if verdict is None or verdict:
                 return cut if verdict else None
-        if clause is not None and clause <= self.options.max_chars:
-            return clause
+        if early is not None and early <= self.options.max_chars:
+            return early
         return self._forced_cut(text) if len(text) > self.options.max_chars else None
 
     def _first_clause_end(self, text: str) -> int | None:
@@ -140,6 +160,32 @@ class SentenceSplitter:
             return None
         m = CLAUSE_END.search(text, self.options.first_clause_chars)
         return m.end() if m else None
+
+    def _first_words_end(self, text: str, marker: re.Match[str] | None) -> int | None:
+        """End of the reply's first chunk at a word boundary; ``None``: none, or not known yet.
+
+        A boundary counts only once the next non-space character has arrived and is a letter,
+        digit or opening bracket, so "France" + "." or "mean ?" is never cut before its
+        punctuation (the sentence and clause rules decide there), in streams as in whole text.
+        """
+        wanted = self.options.first_chunk_words
+        if not self._first or not wanted:
+            return None
+        count = 0
+        for word in WORD.finditer(text, marker.end() if marker else 0):
+            if not any(c.isalnum() for c in word[0]):
+                continue  # "-", "**": no word
+            count += 1
+            if count < wanted:
+                continue
+            if count > wanted + FIRST_CHUNK_EXTRA_WORDS:
+                return None
+            after = AFTER_WORD.match(text, word.end())
+            if after is None:
+                return None  # the next character has not arrived
+            if (after[1].isalnum() or after[1] in "“‘([{") and _can_end_chunk(word[0]):
+                return word.end()
+        return None
 
     @staticmethod
     def _ends_sentence(text: str, start: int, end: int, final: bool) -> bool | None:
@@ -188,6 +234,17 @@ class SentenceSplitter:
             return comma + 1
         space = window.rfind(" ")
         return space if space > 0 else limit
+
+
+def _can_end_chunk(word: str) -> bool:
+    """Whether a first chunk may end on ``word``: not on a number, "Dr.", "the" or "to"."""
+    core = word.rstrip(CLOSERS)
+    if core.endswith((",", ";", ":")):  # a comma is a pause anyway
+        return core[:-1][-1:].isalnum()
+    core = core.lstrip(OPENERS).replace("’", "'")
+    if not core[-1:].isalnum() or any(c.isdigit() for c in core):
+        return False
+    return core.lower() not in NO_END_WORDS
 
 
 def _speakable(sentence: str) -> list[str]:

@@ -39,6 +39,22 @@ CASES = [
     ("J. R. R. Tolkien wrote it. So did I. The end.", "J. R. R. Tolkien wrote it. | So did I. | The end."),
     ("Visit example.com today.  See you!", "Visit example.com today. | See you!"),
 ]
+SENTENCES_ONLY = SplitterOptions(first_chunk_words=0)  # CASES check sentence ends, not the first-chunk cut
+
+# Replies that exercise the first chunk's word cut: run-on openings, stop words, numbers,
+# spaced punctuation, quotes and brackets, an early clause, an early sentence end.
+RUN_ON = [
+    "Sure I can help you with that and the answer is that it depends on the day.",
+    "Well I am going to the shop and then home, so see you later.",
+    "It is a 10 or 20 minute walk from here if you take the bridge.",
+    "Well you know what I mean ? It happens to all of us.",
+    "Yes I think so , but maybe you should ask someone else about it.",
+    'He said "go home now" and then he left (quietly) without a word.',
+    "The answer is 3.14159 and that is pi to five decimal places.",
+    "Extraordinarily complicated question, but here goes nothing at all.",
+    "Call Dr. Who or Mrs. Jo at 5 p.m. tomorrow about the U.S. trip, please.",
+    "Hi there. How can I help you today with anything at all?",
+]
 
 
 def split_whole(text: str, options: SplitterOptions | None = None) -> list[str]:
@@ -60,15 +76,17 @@ def split_streamed(text: str, seed: int, options: SplitterOptions | None = None)
 
 @pytest.mark.parametrize(("text", "expected"), CASES, ids=[c[0][:30] for c in CASES])
 def test_splits_sentences(text, expected):
-    assert split_whole(text) == expected.split(" | ")
+    assert split_whole(text, SENTENCES_ONLY) == expected.split(" | ")
 
 
+@pytest.mark.parametrize("words", [None, 0, 1, 2, 3, 5, 8])
 @pytest.mark.parametrize("seed", range(20))
-def test_streamed_pieces_split_like_the_whole_reply(seed):
+def test_streamed_pieces_split_like_the_whole_reply(seed, words):
+    options = None if words is None else SplitterOptions(first_chunk_words=words)
     reply = " ".join(text for text, _ in CASES) + " " + "and then " * 40 + "done."
-    assert split_streamed(reply, seed) == split_whole(reply)
-    for text, _ in CASES:
-        assert split_streamed(text, seed) == split_whole(text)
+    assert split_streamed(reply, seed, options) == split_whole(reply, options)
+    for text in [t for t, _ in CASES] + RUN_ON:
+        assert split_streamed(text, seed, options) == split_whole(text, options), text
 
 
 def test_boundary_is_confirmed_by_the_next_character():
@@ -86,7 +104,7 @@ def test_boundary_is_confirmed_by_the_next_character():
 def test_long_sentence_without_punctuation_is_cut_early():
     words = [f"word{i}" for i in range(100)]
     text = " ".join(words[:25]) + ", " + " ".join(words[25:])  # the comma is at 164 characters
-    splitter = SentenceSplitter(SplitterOptions(max_chars=200, first_clause_chars=0))
+    splitter = SentenceSplitter(SplitterOptions(max_chars=200, first_clause_chars=0, first_chunk_words=0))
     first = splitter.push(text)
     assert first, "TTS should be able to start before the reply ends"
     parts = first + splitter.flush()
@@ -102,17 +120,99 @@ def test_a_long_first_sentence_starts_speaking_after_its_first_clause():
         "which has rice, fish and soup.",  # later sentences keep their commas
         "Enjoy it, really.",
     ]
-    assert split_whole(reply) == expected
-    assert all(split_streamed(reply, seed) == expected for seed in range(10))
+    assert split_whole(reply, SENTENCES_ONLY) == expected
+    assert all(split_streamed(reply, seed, SENTENCES_ONLY) == expected for seed in range(10))
     # Short openings ("Well, ..."), and numbers like 1,000, are not clause ends.
-    assert split_whole("Well, 1,000 people live in this tiny town. Yes.") == [
+    assert split_whole("Well, 1,000 people live in this tiny town. Yes.", SENTENCES_ONLY) == [
         "Well, 1,000 people live in this tiny town.",
         "Yes.",
     ]
-    never = SplitterOptions(first_clause_chars=0)
+    never = SplitterOptions(first_clause_chars=0, first_chunk_words=0)
     assert split_whole("The capital of France is Paris, of course.", never) == [
         "The capital of France is Paris, of course."
     ]
+
+
+def test_a_run_on_opening_starts_speaking_after_its_first_words():
+    reply = "Sure I can help you with that and the answer is that it depends on the day. Ask me again."
+    expected = [
+        "Sure I can help you",  # five words: TTS can start here, long before the period
+        "with that and the answer is that it depends on the day.",
+        "Ask me again.",
+    ]
+    assert split_whole(reply) == expected  # the default is 5 words
+    assert all(split_streamed(reply, seed) == expected for seed in range(10))
+    # Only the reply's first chunk: a run-on second sentence is not cut at its words.
+    assert split_whole("Yes. Sure I can help you with that and more.") == [
+        "Yes.",
+        "Sure I can help you with that and more.",
+    ]
+    three = SplitterOptions(first_chunk_words=3)
+    assert split_whole("Paris has great food and lots of museums.", three) == [
+        "Paris has great",
+        "food and lots of museums.",
+    ]
+
+
+def test_a_sentence_or_clause_end_before_the_words_wins():
+    assert split_whole("Hi there. How can I help you today with anything at all?") == [
+        "Hi there.",
+        "How can I help you today with anything at all?",
+    ]
+    assert split_whole("The capital of France is Paris. It is big.") == [
+        "The capital of France is Paris.",
+        "It is big.",
+    ]
+    assert split_whole("Extraordinarily complicated question, but here goes nothing at all.") == [
+        "Extraordinarily complicated question,",  # a clause end (past 24 characters) after 3 words
+        "but here goes nothing at all.",
+    ]
+
+
+def test_the_first_chunk_does_not_end_on_a_word_that_cannot_end_a_phrase():
+    # "to" and "the" cannot end a phrase: the cut moves on to the next word that can.
+    assert split_whole("Well I am going to the shop and then home.") == [
+        "Well I am going to the shop",
+        "and then home.",
+    ]
+    # Numbers neither ("at 5 | p.m."): "5" and "p.m." are passed over, then the sentence ends.
+    assert split_whole("Meet J. Smith at 5 p.m. tomorrow. Okay?") == [
+        "Meet J. Smith at 5 p.m. tomorrow.",
+        "Okay?",
+    ]
+    # At most 3 words further: "is a 10 or" cannot end a phrase, so no word cut at all.
+    two = SplitterOptions(first_chunk_words=2)
+    assert split_whole("It is a 10 or 20 minute walk from here.", two) == [
+        "It is a 10 or 20 minute walk from here."
+    ]
+
+
+def test_a_word_cut_waits_for_the_character_after_the_space():
+    def pushes(words: int, *pieces: str) -> list[list[str]]:
+        splitter = SentenceSplitter(SplitterOptions(first_chunk_words=words))
+        return [splitter.push(piece) for piece in pieces]
+
+    # "France" then ".": no word boundary, the period ends the sentence.
+    assert pushes(4, "The capital of France", ".", " It is") == [[], [], ["The capital of France."]]
+    # "I" cannot end a phrase; "mean" could, but only if a word follows: never cut before "?".
+    assert pushes(5, "Well you know what I mean ", "?", " It happens.") == [
+        [],
+        [],
+        ["Well you know what I mean ?"],
+    ]
+    # Never inside a number (nor after one): "3" then ".14159".
+    assert pushes(4, "The answer is 3", ".14159 and", " that is pi") == [
+        [],
+        [],
+        ["The answer is 3.14159 and that"],
+    ]
+
+
+def test_first_chunk_words_zero_disables_the_word_cut():
+    reply = "Sure I can help you with that and the answer is that it depends on the day."
+    off = SplitterOptions(first_chunk_words=0)
+    assert split_whole(reply, off) == [reply]
+    assert all(split_streamed(reply, seed, off) == [reply] for seed in range(5))
 
 
 @pytest.fixture(scope="module")
