@@ -95,12 +95,13 @@ H200 = GpuInfo("NVIDIA H200", (9, 0), 141 << 30)
 @pytest.mark.parametrize(
     ("found", "backend", "device", "why"),
     [
-        (Probe("10.13", "1.7.1", RTX4090, True), "tensorrt", "cuda", "TensorRT 10.13 supports"),
-        (Probe(None, "1.7.1", RTX4090, True), "tensorrt-rtx", "cuda", "TensorRT-RTX 1.7.1 supports"),
-        (Probe("10.13", None, H200, True), "tensorrt", "cuda", "compute capability 9.0"),
-        (Probe(None, "1.7.1", H200, True), "pytorch", "cuda", "does not support NVIDIA H200"),
-        (Probe(None, None, RTX4090, True), "pytorch", "cuda", "no TensorRT installed"),
-        (Probe(None, "1.7.1", None, False), "pytorch", "cpu", "no CUDA GPU"),
+        (Probe("10.13", "1.7.1", RTX4090, True, True), "tensorrt", "cuda", "TensorRT 10.13 supports"),
+        (Probe(None, "1.7.1", RTX4090, True, True), "tensorrt-rtx", "cuda", "TensorRT-RTX 1.7.1 supports"),
+        (Probe("10.13", None, H200, True, True), "tensorrt", "cuda", "compute capability 9.0"),
+        (Probe(None, "1.7.1", H200, True, True), "pytorch", "cuda", "does not support NVIDIA H200"),
+        (Probe(None, None, RTX4090, True, True), "pytorch", "cuda", "no TensorRT installed"),
+        (Probe(None, "1.7.1", None, False, True), "onnxruntime", "cpu", "no CUDA GPU"),
+        (Probe(None, "1.7.1", None, False, False), "pytorch", "cpu", "no CUDA GPU"),
     ],
 )
 def test_backend_auto_selection_order(found, backend, device, why):
@@ -112,6 +113,6 @@ def test_backend_auto_selection_order(found, backend, device, why):
 def test_cli_auto_backend_says_which_and_why(store):
     out = run_cli("chat", "--backend", "auto", "--max-new-tokens", "4", stdin="Hi\n")
     assert out.returncode == 0, out.stderr
-    expected: Choice = choose_backend(Probe(None, "1.7.1", None, False))  # this machine: no GPU
-    assert f"backend auto: pytorch ({expected.reason})" in out.stderr
-    assert "pytorch-cpu" in out.stdout
+    expected: Choice = choose_backend(Probe(None, "1.7.1", None, False, True))  # this machine: no GPU
+    assert f"backend auto: onnxruntime ({expected.reason})" in out.stderr
+    assert "onnxruntime-cpu" in out.stdout
