@@ -89,7 +89,48 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--tts-rate", dest="tts.rate_wpm", type=int, metavar="WPM", help="speaking rate, words per minute"
     )
     g.add_argument(
-        "--end-silence-ms", dest="vad.end_silence_ms", type=int, metavar="MS", help="silence that ends a turn"
+        "--end-silence-ms",
+        dest="vad.end_silence_ms",
+        type=int,
+        metavar="MS",
+        help="silence that ends a turn with --turn-detection off",
+    )
+    g.add_argument(
+        "--turn-detection",
+        dest="turn.detection",
+        choices=["smart-turn", "off"],
+        help="end of turn: the Smart Turn model (default), or off: fixed --end-silence-ms",
+    )
+    g.add_argument(
+        "--pause-ms", dest="turn.pause_ms", type=int, metavar="MS", help="silence before the model scores"
+    )
+    g.add_argument(
+        "--max-silence-ms",
+        dest="turn.max_silence_ms",
+        type=int,
+        metavar="MS",
+        help="silence that ends a turn whatever the model says",
+    )
+    g.add_argument(
+        "--no-speculation",
+        dest="turn.speculate",
+        action="store_const",
+        const=False,
+        help="do not start ASR and the reply during pauses (wait for the end of the turn)",
+    )
+    g.add_argument(
+        "--partial-interval-ms",
+        dest="turn.partial_interval_ms",
+        type=int,
+        metavar="MS",
+        help="re-transcribe speech in progress this often for the live transcript (0: off)",
+    )
+    g.add_argument(
+        "--first-chunk-words",
+        dest="splitter.first_chunk_words",
+        type=int,
+        metavar="N",
+        help="the reply's first spoken chunk may end after N words (0: wait for punctuation)",
     )
     g.add_argument(
         "--barge-in",
@@ -252,13 +293,15 @@ def _headless(
             print(f"notice: {notice}", file=sys.stderr)
         try:
             if input_wav is not None and audio is not None:
-                record = run_file(session.pipeline, settings.vad, audio, input_wav, output)
+                record = run_file(
+                    session.pipeline, settings.vad, audio, input_wav, output, session.turn_policy
+                )
                 return 0 if not record.cancelled else 1
             if session.mic is None or session.speaker is None:
                 return run_chat(session.dialogue)
             mic, speaker = session.mic, session.speaker
             session.mic = session.speaker = None  # run_live closes them
-            return run_live(session.pipeline, mic, speaker, settings.vad)
+            return run_live(session.pipeline, mic, speaker, session.endpointer(), settings.turn)
         finally:
             session.close()
     finally:

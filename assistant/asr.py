@@ -143,10 +143,11 @@ class Transcriber:
         self._run(noise)
         return (time.monotonic_ns() - start_ns) / 1e6
 
-    def transcribe(self, audio: np.ndarray) -> TranscriptResult:
+    def transcribe(self, audio: np.ndarray, quick: bool = False) -> TranscriptResult:
         """Transcribe one utterance of 16 kHz mono float32 samples in [-1, 1].
 
         Audio shorter than 0.1 s returns an empty transcript without running the model.
+        ``quick`` decodes greedily (beam 1): for partial transcripts of speech in progress.
         """
         samples = np.ascontiguousarray(audio, dtype=np.float32).squeeze()
         if samples.ndim > 1:
@@ -156,19 +157,19 @@ class Transcriber:
         if samples.size < MIN_AUDIO_S * SAMPLE_RATE_HZ:
             return TranscriptResult("", audio_ms, 0.0, self.options.language or "", 1.0)
         start_ns = time.monotonic_ns()
-        segments, info = self._run(samples)
+        segments, info = self._run(samples, 1 if quick else self.options.beam_size)
         asr_ms = (time.monotonic_ns() - start_ns) / 1e6
         text = "".join(s.text for s in segments).strip()
         no_speech = max((s.no_speech_prob for s in segments), default=1.0)
         return TranscriptResult(text, audio_ms, asr_ms, info.language, float(no_speech))
 
-    def _run(self, samples: np.ndarray) -> tuple[list[Any], Any]:
+    def _run(self, samples: np.ndarray, beam_size: int | None = None) -> tuple[list[Any], Any]:
         opts = self.options
         # Our VAD already endpointed the utterance; each turn stands alone.
         segments, info = self.model.transcribe(
             samples,
             language=opts.language,
-            beam_size=opts.beam_size,
+            beam_size=beam_size or opts.beam_size,
             vad_filter=False,
             condition_on_previous_text=False,
             without_timestamps=True,

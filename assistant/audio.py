@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -264,3 +264,45 @@ class Speaker:
         self.stop()
         self.stream.stop()
         self.stream.close()
+
+
+class AudioSink(Protocol):
+    """Where reply audio goes: the speaker, or a buffer written to a WAV file."""
+
+    def play(self, turn_id: int, audio: np.ndarray) -> None:
+        """Queue audio behind what is queued."""
+        ...
+
+    def stop(self) -> None:
+        """Drop what is queued, now."""
+        ...
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until everything queued has played."""
+        ...
+
+
+class FileSink:
+    """Collects reply audio in memory (file mode); the first sample counts as heard at once."""
+
+    def __init__(self) -> None:
+        self.segments: list[np.ndarray] = []
+        self.first_audio_t_ns: dict[int, int] = {}
+        self.played_samples: dict[int, int] = {}
+
+    def play(self, turn_id: int, audio: np.ndarray) -> None:
+        """Append audio."""
+        self.first_audio_t_ns.setdefault(turn_id, time.monotonic_ns())
+        self.played_samples[turn_id] = self.played_samples.get(turn_id, 0) + audio.size
+        self.segments.append(audio)
+
+    def stop(self) -> None:
+        """Nothing plays, so nothing to stop."""
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Always done."""
+        return True
+
+    def audio(self) -> np.ndarray:
+        """Everything played so far."""
+        return np.concatenate(self.segments) if self.segments else np.zeros(0, np.float32)

@@ -17,7 +17,9 @@ from typing import Any, get_args, get_type_hints
 
 from assistant.asr import AsrOptions
 from assistant.audio import AudioOptions
+from assistant.splitter import SplitterOptions
 from assistant.tts import TtsOptions
+from assistant.turn import TurnOptions
 from assistant.vad import VadOptions
 from engines.base import GenerationOptions
 from engines.tensorrt.options import EngineOptions
@@ -58,14 +60,15 @@ class ModelSettings:
 
 @dataclass
 class DecoderSettings:
-    """The LLM backend: ``pytorch``, ``onnxruntime``, ``tensorrt``, ``tensorrt-rtx`` or ``auto``.
+    """The LLM backend: ``auto`` (default), ``pytorch``, ``onnxruntime``, ``tensorrt``, ``tensorrt-rtx``.
 
     ``onnxruntime`` runs the exported ONNX graph on the CPU; the TensorRT backends run an
-    engine built per the ``[engine]`` section; ``auto`` picks the fastest one this machine runs.
+    engine built per the ``[engine]`` section; ``auto`` picks the fastest one this machine
+    runs (ONNX Runtime on a machine without a CUDA GPU) and says why.
     device/dtype ``auto`` pick CUDA fp16 or CPU fp32 (onnxruntime: CPU, fp32 or fp16 graph).
     """
 
-    backend: str = "pytorch"
+    backend: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
     context_tokens: int = 2048
@@ -123,8 +126,10 @@ class Settings:
     dialogue: DialogueSettings = field(default_factory=DialogueSettings)
     audio: AudioOptions = field(default_factory=AudioOptions)
     vad: VadOptions = field(default_factory=VadOptions)
+    turn: TurnOptions = field(default_factory=TurnOptions)
     asr: AsrOptions = field(default_factory=AsrOptions)
     tts: TtsOptions = field(default_factory=TtsOptions)
+    splitter: SplitterOptions = field(default_factory=SplitterOptions)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     engine: EngineOptions = field(default_factory=EngineOptions)
 

@@ -50,7 +50,11 @@ class PromptPlan:
 
 @dataclass
 class Reply:
-    """A reply being generated. Lazy: iterate it to run; the turn is recorded at the end."""
+    """A reply being generated. Lazy: iterate it to run; the turn is recorded at the end.
+
+    A ``held`` reply (speculative: the user may not be done) enters the conversation only
+    once :meth:`confirm` is called, before or after it finished; :meth:`discard` drops it.
+    """
 
     user_text: str
     plan: PromptPlan
@@ -58,6 +62,8 @@ class Reply:
     stats: GenerationStats
     _on_done: Any = field(repr=False)
     done: bool = False
+    held: bool = False
+    discarded: bool = False
 
     def __iter__(self) -> Iterator[TokenChunk]:
         """Stream the reply's tokens; interrupting it still records the partial reply."""
@@ -67,7 +73,19 @@ class Reply:
             yield from self._chunks
         finally:
             self.done = True
-            self._on_done(self)
+            if not (self.held or self.discarded):
+                self._on_done(self)
+
+    def confirm(self) -> None:
+        """The turn is the user's: record the reply (now if it is finished, else at its end)."""
+        if self.held and not self.discarded:
+            self.held = False
+            if self.done:
+                self._on_done(self)
+
+    def discard(self) -> None:
+        """The user went on speaking: this reply never enters the conversation."""
+        self.discarded = True
 
 
 class Dialogue:
@@ -137,13 +155,16 @@ class Dialogue:
         self.decoder.decode(int(logits.argmax()))
         return (time.monotonic_ns() - start) / 1e6
 
-    def ask(self, user_text: str, cancel: threading.Event | None = None) -> Reply:
-        """Start the reply to ``user_text``; lazy: iterate the result to generate."""
+    def ask(self, user_text: str, cancel: threading.Event | None = None, held: bool = False) -> Reply:
+        """Start the reply to ``user_text``; lazy: iterate the result to generate.
+
+        ``held``: speculative; it joins the conversation only when confirmed (see :class:`Reply`).
+        """
         plan = self.plan(user_text)
         for line in plan.notices():
             logger.info("%s", line)
         generation = self.decoder.generate(plan.ids, self.options, cancel)
-        return Reply(user_text, plan, iter(generation), generation.stats, self._record)
+        return Reply(user_text, plan, iter(generation), generation.stats, self._record, held=held)
 
     def revise_last_reply(self, heard_text: str) -> None:
         """Replace the last reply with the part the user actually heard (after a barge-in)."""

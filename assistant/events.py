@@ -75,6 +75,78 @@ class SpeechEnded(Event):
 
 
 @dataclass(frozen=True)
+class SpeechPaused(Event):
+    """The user has been silent ``TurnOptions.pause_ms``: maybe done, maybe thinking.
+
+    ``t_ns`` is when the pause was detected, ``speech_end_t_ns`` when the last speech sample
+    was captured; ``audio`` is the utterance so far (what speculative ASR transcribes).
+    """
+
+    speech_end_t_ns: int = 0
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
+
+
+@dataclass(frozen=True)
+class SpeechResumed(Event):
+    """The user spoke again after a pause (``after_endpoint``: after the turn had ended).
+
+    The new speech joins turn ``turn_id``; any work started on the shorter utterance is
+    discarded. ``t_ns`` is when it was detected.
+    """
+
+    after_endpoint: bool = False
+
+
+@dataclass(frozen=True)
+class TurnDecision(Event):
+    """The end-of-turn policy looked at a pause.
+
+    ``complete`` ends the turn. ``probability`` is the Smart Turn model's score that the
+    speaker is done (``None`` for fixed silence); ``inference_ms`` its features + model time;
+    ``silence_ms`` the silence so far; ``reason``: ``model``, ``max silence`` or
+    ``fixed silence``.
+    """
+
+    complete: bool = False
+    probability: float | None = None
+    inference_ms: float = 0.0
+    silence_ms: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PartialTranscript(Event):
+    """Words of the utterance in progress (re-transcribed while the user speaks)."""
+
+    text: str = ""
+    audio_ms: float = 0.0
+    asr_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpeculationStarted(Event):
+    """Work on a turn began before the turn was confirmed: ``stage`` is ``asr`` or ``llm``."""
+
+    stage: str = ""
+
+
+@dataclass(frozen=True)
+class SpeculationConfirmed(Event):
+    """The turn ended as speculated: the work done so far is kept and the reply may play."""
+
+
+@dataclass(frozen=True)
+class SpeculationDiscarded(Event):
+    """The user spoke again: the work on the shorter utterance is dropped (nothing played or kept).
+
+    ``work_ms`` is how long it had run.
+    """
+
+    reason: str = ""
+    work_ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class TranscriptReady(Event):
     """ASR finished; ``t_ns`` is when the text was available."""
 

@@ -3,13 +3,22 @@
 Each metric names its start and stop event:
 
 - endpointing_ms: last speech sample captured (``SpeechEnded.speech_end_t_ns``) -> endpoint
-  detected (``SpeechEnded.t_ns``)
-- asr_ms: endpoint detected -> ``TranscriptReady``
+  detected (``SpeechEnded.t_ns``; with turn detection this includes the model's inference)
+- turn_detection_ms: inference time of the Smart Turn score that ended the turn
+  (``TurnDecision.inference_ms``; ``None`` with fixed silence or at the silence cap)
+- asr_ms: endpoint detected -> ``TranscriptReady``; 0 when speculative ASR finished inside
+  the silence wait (what the user waited for ASR after the endpoint)
 - ttft_ms: ``PromptSubmitted`` -> first ``TokenGenerated`` (token id on the host)
 - first_sentence_ms: ``PromptSubmitted`` -> first ``SentenceReady``
-- tts_first_audio_ms: first ``SentenceReady`` -> first ``AudioStarted`` (render + device hand-off)
+- tts_first_audio_ms: the later of first ``SentenceReady`` and the endpoint -> first
+  ``AudioStarted`` (render + device hand-off)
 - voice_to_voice_ms: last speech sample captured -> ``AudioStarted`` (what the user waits)
+- speculated_ms: ASR + LLM work that ran inside the silence wait: ``SpeculationStarted`` ->
+  the earlier of the endpoint and the first sentence (0 without speculation)
 - tokens_per_s: tokens after the first per second, first -> last ``TokenGenerated``
+
+A turn whose speculative work was discarded (the user went on speaking) keeps one record:
+the events of the discarded attempts are skipped, ``discarded`` counts them.
 """
 
 from __future__ import annotations
@@ -26,17 +35,23 @@ import numpy as np
 from assistant.events import (
     AudioStarted,
     Event,
+    PartialTranscript,
     PlaybackEnded,
     PromptSubmitted,
     SentenceReady,
+    SpeculationDiscarded,
+    SpeculationStarted,
     SpeechEnded,
+    SpeechResumed,
     TokenGenerated,
     TranscriptReady,
     TurnCancelled,
+    TurnDecision,
 )
 
 STAGES = (
     "endpointing_ms",
+    "turn_detection_ms",
     "asr_ms",
     "ttft_ms",
     "first_sentence_ms",
@@ -60,6 +75,11 @@ class TurnRecord:
     tokens: int = 0
     prompt_tokens: int = 0
     reused_tokens: int = 0
+    turn_detector: str = ""  # what ended the turn: "model 0.93", "max silence", "fixed silence"
+    turn_probability: float | None = None
+    resumed: int = 0  # times the user went on after a pause (or after the endpoint)
+    discarded: int = 0  # speculative attempts thrown away
+    partials: int = 0  # partial transcripts shown while the user spoke
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -74,11 +94,13 @@ class TurnRecord:
             value = m.get(key)
             return "n/a" if value is None else f"{value:.0f}"
 
+        detector = f" ({self.turn_detector})" if self.turn_detector else ""
+        overlap = f" | done in the wait {ms('speculated_ms')}" if m.get("speculated_ms") else ""
         return (
             f"turn {self.turn_id} | voice-to-voice {ms('voice_to_voice_ms')} ms | endpointing "
-            f"{ms('endpointing_ms')} | asr {ms('asr_ms')} | ttft {ms('ttft_ms')} | first sentence "
-            f"{ms('first_sentence_ms')} | tts first audio {ms('tts_first_audio_ms')} | "
-            f"{m.get('tokens_per_s') or 0:.1f} tok/s"
+            f"{ms('endpointing_ms')}{detector} | asr {ms('asr_ms')} | ttft {ms('ttft_ms')} | "
+            f"first sentence {ms('first_sentence_ms')} | tts first audio {ms('tts_first_audio_ms')}"
+            f"{overlap} | {m.get('tokens_per_s') or 0:.1f} tok/s"
         )
 
 
@@ -88,6 +110,18 @@ def _ms(start: int | None, stop: int | None) -> float | None:
     return (stop - start) / 1e6
 
 
+ATTEMPT_EVENTS = (
+    SpeculationStarted,
+    TranscriptReady,
+    PromptSubmitted,
+    TokenGenerated,
+    SentenceReady,
+    AudioStarted,
+    PlaybackEnded,
+    TurnCancelled,
+)  # belong to one run of the pipeline; a discarded run's are not the turn's
+
+
 def build_record(
     turn_id: int, events: Iterable[Event], *, backend: str = "", llm_model: str = "", asr_model: str = ""
 ) -> TurnRecord:
@@ -95,12 +129,25 @@ def build_record(
     rec = TurnRecord(turn_id, backend=backend, llm_model=llm_model, asr_model=asr_model)
     ts = rec.timestamps_ns
     tokens: list[TokenGenerated] = []
-    for e in events:
-        if e.turn_id != turn_id:
+    mine = [e for e in events if e.turn_id == turn_id]
+    discards = [i for i, e in enumerate(mine) if isinstance(e, SpeculationDiscarded)]
+    last_discard = discards[-1] if discards else -1
+    rec.discarded = len(discards)
+    decision: TurnDecision | None = None
+    for i, e in enumerate(mine):
+        if isinstance(e, ATTEMPT_EVENTS) and i < last_discard:
             continue
         if isinstance(e, SpeechEnded):
             ts["speech_end"] = e.speech_end_t_ns
             ts["endpoint"] = e.t_ns
+        elif isinstance(e, TurnDecision):
+            decision = e
+        elif isinstance(e, SpeechResumed):
+            rec.resumed += 1
+        elif isinstance(e, PartialTranscript):
+            rec.partials += 1
+        elif isinstance(e, SpeculationStarted) and e.stage == "asr":
+            ts["speculation_start"] = e.t_ns
         elif isinstance(e, TranscriptReady):
             ts["transcript"] = e.t_ns
             rec.transcript = e.text
@@ -121,15 +168,28 @@ def build_record(
         elif isinstance(e, TurnCancelled):
             rec.cancelled = e.reason
             rec.reply = e.heard_text
+    if decision is not None:
+        rec.turn_probability = decision.probability
+        p = "" if decision.probability is None else f" {decision.probability:.2f}"
+        rec.turn_detector = f"{decision.reason}{p}"
     rec.tokens = len(tokens)
     span = _ms(ts.get("first_token"), ts.get("last_token"))
+    endpoint = ts.get("endpoint")
+    spoken_from = max(ts.get("first_sentence") or 0, endpoint or 0) or None
+    work_end = ts.get("first_sentence") or ts.get("transcript")
+    speculated = None if not endpoint else 0.0
+    if endpoint and ts.get("speculation_start"):
+        speculated = max(_ms(ts["speculation_start"], min(endpoint, work_end or endpoint)) or 0.0, 0.0)
+    asr = _ms(endpoint, ts.get("transcript"))
     rec.metrics = {
-        "endpointing_ms": _ms(ts.get("speech_end"), ts.get("endpoint")),
-        "asr_ms": _ms(ts.get("endpoint"), ts.get("transcript")),
+        "endpointing_ms": _ms(ts.get("speech_end"), endpoint),
+        "turn_detection_ms": decision.inference_ms if decision and decision.reason == "model" else None,
+        "asr_ms": None if asr is None else max(asr, 0.0),
         "ttft_ms": _ms(ts.get("prompt_submitted"), ts.get("first_token")),
         "first_sentence_ms": _ms(ts.get("prompt_submitted"), ts.get("first_sentence")),
-        "tts_first_audio_ms": _ms(ts.get("first_sentence"), ts.get("first_audio")),
+        "tts_first_audio_ms": _ms(spoken_from, ts.get("first_audio")),
         "voice_to_voice_ms": _ms(ts.get("speech_end"), ts.get("first_audio")),
+        "speculated_ms": speculated,
         "tokens_per_s": (len(tokens) - 1) / (span / 1e3) if span else None,
     }
     return rec
@@ -163,7 +223,7 @@ def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tup
     """
     folder.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
-    metric_keys = [*STAGES, "tokens_per_s"]
+    metric_keys = [*STAGES, "speculated_ms", "tokens_per_s"]
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys])

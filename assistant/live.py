@@ -1,24 +1,56 @@
-"""The live loop: microphone -> endpointer -> turns, one at a time, with barge-in.
+"""The live loop: microphone -> endpointer -> turns, with speculation, rejoining and barge-in.
 
-Owns the capture thread and the turn thread; ``stop()`` joins both.
+Owns the capture thread, the partial-transcript thread and the turn threads; ``stop()`` joins
+them all.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from assistant.audio import Microphone
-from assistant.events import BargeIn, MicLevel, SpeechEnded, SpeechOnset, SpeechStarted
-from assistant.pipeline import AudioSink, VoicePipeline
+from assistant.audio import AudioSink, Microphone
+from assistant.events import (
+    BargeIn,
+    Event,
+    MicLevel,
+    SpeculationConfirmed,
+    SpeechEnded,
+    SpeechOnset,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+)
+from assistant.pipeline import ReplyGate, VoicePipeline
+from assistant.turn import TurnOptions
 from assistant.vad import Endpointer
 
 
+@dataclass
+class _Attempt:
+    """One run of the pipeline for a turn; a speculative one may be discarded."""
+
+    turn_id: int
+    thread: threading.Thread
+    cancel: threading.Event
+    gate: ReplyGate
+    audio_started: bool = False  # the reply's first piece went to the speaker: the floor is ours
+
+
 class LiveLoop:
-    """Microphone -> endpointer -> turns, on one owned capture thread plus one turn at a time.
+    """Microphone -> endpointer -> turns, on one owned capture thread plus the turn threads.
+
+    Turn taking: at the first pause (``SpeechPaused``) the turn is transcribed and its reply
+    started speculatively (``TurnOptions.speculate``); speech that comes back cancels that
+    work, and the end of the turn (``SpeechEnded``) confirms it. Speech that starts after the
+    endpoint but before the reply's first audio joins the same turn (the pending reply is
+    discarded); from the reply's first audio on, the microphone is ignored (so the assistant
+    does not hear itself) unless barge-in is on, in which case speech interrupts the reply.
 
     ``listening`` and ``muted`` gate the microphone (both must allow it); ``on_level``
     receives a ``MicLevel`` about every 100 ms while capturing. Typed messages go through
@@ -33,31 +65,49 @@ class LiveLoop:
         speaker: AudioSink | None,
         endpointer: Endpointer | None,
         on_level: Callable[[MicLevel], None] | None = None,
+        turn: TurnOptions | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.mic = microphone
         self.speaker = speaker
         self.endpointer = endpointer
         self.on_level = on_level
+        self.turn = turn or TurnOptions()
         self.listening = True
         self.muted = False
         self.stop_event = threading.Event()
-        self.turn_cancel = threading.Event()
-        self.turn_thread: threading.Thread | None = None
+        self.floor = threading.Lock()  # who speaks next: the reply (audio_started) or the user
+        self.attempts: list[_Attempt] = []  # live runs, oldest first; the last is the newest
         self.current_turn = 0
         self._ids = threading.Lock()
         self._next_id = 1  # without an endpointer, turn ids come from here
         self.capture_thread = threading.Thread(target=self._capture, name="capture")
+        self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
+        self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
+        self._partial_audio_ms = 0.0
 
     def start(self) -> None:
         """Start capturing (``stop()`` ends and joins everything)."""
         if self.mic is not None and self.endpointer is not None:
             self.mic.start()
             self.capture_thread.start()
+            if self.turn.partial_interval_ms > 0:
+                self.partial_thread.start()
+
+    @property
+    def turn_cancel(self) -> threading.Event:
+        """The newest turn's cancel flag (a set dummy when there is none)."""
+        with self.floor:
+            return self.attempts[-1].cancel if self.attempts else threading.Event()
 
     def busy(self) -> bool:
-        """Whether a turn is being answered."""
-        return self.turn_thread is not None and self.turn_thread.is_alive()
+        """Whether a turn is being worked on or answered."""
+        with self.floor:
+            return any(a.thread.is_alive() for a in self.attempts)
+
+    def speaking(self) -> bool:
+        """Whether a reply is being played (the floor is the assistant's)."""
+        return any(a.audio_started and a.thread.is_alive() for a in self.attempts)
 
     def claim_turn_id(self) -> int:
         """A fresh turn id for a turn that does not come from the microphone."""
@@ -81,8 +131,14 @@ class LiveLoop:
                 level_due_ns = block[1] + 100_000_000
                 rms = float(np.sqrt(np.mean(np.square(block[0])))) if block[0].size else 0.0
                 self.on_level(MicLevel(self.current_turn, block[1], 20 * np.log10(max(rms, 1e-6))))
+            with self.floor:
+                self.attempts = [a for a in self.attempts if a.thread.is_alive()]
+                newest = self.attempts[-1] if self.attempts else None
+                # The last turn can still take more speech until its reply is heard.
+                open_turn = newest is not None and not (newest.gate.discarded or newest.audio_started)
+                speaking = self.speaking()
             closed = self.muted or not self.listening
-            if closed or (self.busy() and not self.pipeline.options.barge_in):
+            if closed or (speaking and not self.pipeline.options.barge_in):
                 gated = True  # muted, or the assistant is speaking: do not listen to ourselves
                 continue
             if gated:
@@ -91,30 +147,88 @@ class LiveLoop:
                 self.mic.drain()
                 continue
             with self._ids:
+                if not open_turn:
+                    self.endpointer.seal()
                 events = self.endpointer.feed(*block)
             for event in events:
-                if isinstance(event, SpeechOnset | SpeechStarted) and self.busy():
-                    self._barge_in(event)
+                self._handle(event)
                 self.pipeline.emit(event)
-                if isinstance(event, SpeechEnded):
-                    self._start_turn(event.turn_id, self.pipeline.run_turn, event)
+            self._maybe_partial()
 
-    def _barge_in(self, event: SpeechOnset | SpeechStarted) -> None:
-        """Stop generation and playback of the turn being answered, now."""
-        if self.turn_cancel.is_set():
-            return
-        self.turn_cancel.set()
+    def _handle(self, event: Event) -> None:
+        """Start, confirm or discard the turn's work for one endpointer event."""
+        with self.floor:
+            newest = self.attempts[-1] if self.attempts else None
+            ours = newest if newest is not None and newest.turn_id == event.turn_id else None
+            if ours is not None and (ours.gate.discarded or not ours.thread.is_alive()):
+                ours = None
+            if isinstance(event, SpeechResumed):
+                if ours is not None and not ours.audio_started:
+                    ours.gate.discard()  # the user goes on: nothing of this reply plays
+                    ours.cancel.set()
+                elif ours is not None and self.pipeline.options.barge_in:
+                    self._barge_in(ours, event.t_ns)
+            elif isinstance(event, SpeechPaused):
+                if self.turn.speculate and ours is None:
+                    self._start(event.turn_id, self.pipeline.run_turn, event, confirmed=False)
+            elif isinstance(event, SpeechEnded):
+                self._partial_audio_ms = 0.0
+                if ours is not None and not ours.gate.confirmed.is_set():
+                    ours.gate.confirm()
+                    self.pipeline.emit(SpeculationConfirmed(event.turn_id, time.monotonic_ns()))
+                elif ours is None:
+                    self._start(event.turn_id, self.pipeline.run_turn, event, confirmed=True)
+            elif isinstance(event, SpeechOnset | SpeechStarted) and self.pipeline.options.barge_in:
+                for attempt in self.attempts:
+                    if attempt.audio_started and not attempt.cancel.is_set():
+                        onset = event.onset_t_ns if isinstance(event, SpeechOnset) else event.t_ns
+                        self._barge_in(attempt, onset)
+
+    def _barge_in(self, attempt: _Attempt, onset_t_ns: int) -> None:
+        """Stop generation and playback of the turn being answered, now (floor lock held)."""
+        attempt.cancel.set()
         if self.speaker is not None:
             self.speaker.stop()
-        onset = event.onset_t_ns if isinstance(event, SpeechOnset) else event.t_ns
         latency_s = getattr(getattr(self.speaker, "stream", None), "latency", 0.0)
         latency_ms = 1000.0 * float(latency_s or 0.0)
-        self.pipeline.emit(BargeIn(self.current_turn, time.monotonic_ns(), onset, latency_ms))
+        self.pipeline.emit(BargeIn(attempt.turn_id, time.monotonic_ns(), onset_t_ns, latency_ms))
+
+    def _claim_audio(self, attempt: _Attempt) -> bool:
+        """The TTS thread asks before playing: the floor is the reply's unless the user took it."""
+        with self.floor:
+            if attempt.gate.discarded or attempt.cancel.is_set():
+                return False
+            attempt.audio_started = True
+            return True
+
+    def _maybe_partial(self) -> None:
+        """Hand the utterance in progress to the partial-transcript thread when it is due."""
+        ep = self.endpointer
+        interval = self.turn.partial_interval_ms
+        if interval <= 0 or ep is None or not ep.turn_id or ep.silence_chunks or not ep.chunks:
+            return
+        audio_ms = 1000.0 * sum(c.size for c in ep.chunks) / 16000
+        if audio_ms - self._partial_audio_ms < interval or self.partials.full():
+            return
+        with self.floor:
+            if any(a.thread.is_alive() and not a.audio_started for a in self.attempts):
+                return  # the turn's own ASR/LLM work comes first
+        self._partial_audio_ms = audio_ms
+        self.partials.put_nowait((ep.turn_id, np.concatenate(ep.chunks)))
+
+    def _partial_worker(self) -> None:
+        while (item := self.partials.get()) is not None:
+            self.pipeline.partial_transcript(*item)
 
     def submit_text(self, text: str) -> int:
         """Answer a typed message after the turn in progress; returns its turn id."""
         turn = self.claim_turn_id()
-        self._start_turn(turn, lambda t, s, c: self.pipeline.run_text_turn(turn, t, s, c), text)
+
+        def run(first: str, sink: AudioSink | None, cancel: threading.Event, _gate: ReplyGate) -> None:
+            self.pipeline.run_text_turn(turn, first, sink, cancel)
+
+        with self.floor:
+            self._start(turn, run, text, confirmed=True)
         return turn
 
     def submit_speech(self, audio: np.ndarray, endpointing_ms: float) -> int:
@@ -125,32 +239,44 @@ class LiveLoop:
         turn = self.claim_turn_id()
         now = time.monotonic_ns()
         utterance = SpeechEnded(turn, now, now - int(endpointing_ms * 1e6), audio)
-        self._start_turn(turn, self.pipeline.run_turn, utterance)
+        with self.floor:
+            self._start(turn, self.pipeline.run_turn, utterance, confirmed=True)
         return turn
 
-    def _start_turn(self, turn: int, target: Callable[..., object], first: object) -> None:
-        if self.turn_thread is not None:
-            self.turn_thread.join()
-        self.turn_cancel = threading.Event()
+    def _start(self, turn: int, target: Callable[..., object], first: object, confirmed: bool) -> None:
+        """Run ``target(first, speaker, cancel, gate)`` after the runs before it (floor lock held)."""
+        before = [a.thread for a in self.attempts]
+        cancel = threading.Event()
+        attempt = _Attempt(turn, threading.Thread(), cancel, ReplyGate(confirmed))
+        attempt.gate.claim_audio = lambda: self._claim_audio(attempt)
+
+        def run() -> None:
+            for thread in before:  # one turn at a time, in order
+                thread.join()
+            if not cancel.is_set():
+                target(first, self.speaker, cancel, attempt.gate)
+
+        attempt.thread = threading.Thread(target=run, name=f"turn-{turn}")
+        self.attempts.append(attempt)
         self.current_turn = turn
-        self.turn_thread = threading.Thread(
-            target=target, args=(first, self.speaker, self.turn_cancel), name=f"turn-{turn}"
-        )
-        self.turn_thread.start()
+        attempt.thread.start()
 
     def interrupt(self) -> None:
         """Stop the reply being generated or spoken (the part heard stays in the history)."""
-        self.turn_cancel.set()
+        with self.floor:
+            for attempt in self.attempts:
+                attempt.cancel.set()
         if self.speaker is not None:
             self.speaker.stop()
 
     def stop(self) -> None:
         """Cancel the turn in progress, stop playback, join every thread."""
         self.stop_event.set()
-        self.turn_cancel.set()
-        if self.speaker is not None:
-            self.speaker.stop()
+        self.interrupt()
         if self.capture_thread.is_alive():
             self.capture_thread.join()
-        if self.turn_thread is not None:
-            self.turn_thread.join()
+        if self.partial_thread.is_alive():
+            self.partials.put(None)
+            self.partial_thread.join()
+        for attempt in list(self.attempts):
+            attempt.thread.join()

@@ -165,5 +165,9 @@ def resolve_auto_backend(decoder: DecoderSettings) -> tuple[DecoderSettings, str
     from engines.selection import choose_backend, probe
 
     choice = choose_backend(probe())
+    if choice.backend == "onnxruntime" and decoder.dtype not in ("auto", "fp32", "fp16"):
+        # The ONNX export is fp32 or fp16 only; PyTorch runs the asked-for dtype.
+        why = f"{choice.reason}; but --dtype {decoder.dtype} is not exported to ONNX: PyTorch on the CPU"
+        return dataclasses.replace(decoder, backend="pytorch", device="cpu"), why
     device = decoder.device if decoder.device != "auto" or choice.backend != "pytorch" else choice.device
     return dataclasses.replace(decoder, backend=choice.backend, device=device), choice.reason

@@ -19,15 +19,20 @@ from typing import Protocol
 
 import numpy as np
 
-from assistant.dialogue import Dialogue
+from assistant.audio import AudioSink
+from assistant.dialogue import Dialogue, Reply
 from assistant.events import (
     AudioReady,
     AudioStarted,
     Event,
+    PartialTranscript,
     PlaybackEnded,
     PromptSubmitted,
     SentenceReady,
+    SpeculationDiscarded,
+    SpeculationStarted,
     SpeechEnded,
+    SpeechPaused,
     TokenGenerated,
     TranscriptReady,
     TurnCancelled,
@@ -39,29 +44,13 @@ from assistant.vad import SAMPLE_RATE_HZ
 logger = logging.getLogger(__name__)
 
 
-class AudioSink(Protocol):
-    """Where reply audio goes: the speaker, or a buffer written to a WAV file."""
-
-    def play(self, turn_id: int, audio: np.ndarray) -> None:
-        """Queue audio behind what is queued."""
-        ...
-
-    def stop(self) -> None:
-        """Drop what is queued, now."""
-        ...
-
-    def wait(self, timeout_s: float | None = None) -> bool:
-        """Block until everything queued has played."""
-        ...
-
-
 class Transcribes(Protocol):
     """The ASR stage as the pipeline uses it."""
 
     description: str
 
-    def transcribe(self, audio: np.ndarray) -> object:
-        """Return an object with ``text`` and ``asr_ms``."""
+    def transcribe(self, audio: np.ndarray, quick: bool = False) -> object:
+        """Return an object with ``text`` and ``asr_ms`` (``quick``: greedy, for partials)."""
         ...
 
 
@@ -98,30 +87,42 @@ class PipelineOptions:
     log_path: Path | None = None
 
 
-class FileSink:
-    """Collects reply audio in memory (file mode); the first sample counts as heard at once."""
+class ReplyGate:
+    """Whether a turn's reply may be kept and played.
 
-    def __init__(self) -> None:
-        self.segments: list[np.ndarray] = []
-        self.first_audio_t_ns: dict[int, int] = {}
-        self.played_samples: dict[int, int] = {}
+    A speculative turn (started at a pause, before the end of the turn was decided) begins
+    unconfirmed: ASR and the first sentence of the reply run, but nothing plays and nothing
+    enters the conversation until :meth:`confirm`; :meth:`discard` (the user went on) drops
+    it all. ``claim_audio`` is asked before each piece of audio is played; False means the
+    user has taken the floor back, so the piece is not played.
+    """
 
-    def play(self, turn_id: int, audio: np.ndarray) -> None:
-        """Append audio."""
-        self.first_audio_t_ns.setdefault(turn_id, time.monotonic_ns())
-        self.played_samples[turn_id] = self.played_samples.get(turn_id, 0) + audio.size
-        self.segments.append(audio)
+    def __init__(self, confirmed: bool = True, claim_audio: Callable[[], bool] | None = None) -> None:
+        self.confirmed = threading.Event()
+        self.discarded = False
+        self.claim_audio = claim_audio
+        if confirmed:
+            self.confirmed.set()
 
-    def stop(self) -> None:
-        """Nothing plays, so nothing to stop."""
+    def confirm(self) -> None:
+        """The turn ended as speculated."""
+        self.confirmed.set()
 
-    def wait(self, timeout_s: float | None = None) -> bool:
-        """Always done."""
-        return True
+    def discard(self) -> None:
+        """The user spoke again: throw the work away."""
+        self.discarded = True
+        self.confirmed.set()  # wakes the waiters, who then see ``discarded``
 
-    def audio(self) -> np.ndarray:
-        """Everything played so far."""
-        return np.concatenate(self.segments) if self.segments else np.zeros(0, np.float32)
+    def wait(self, cancel: threading.Event) -> bool:
+        """Block until confirmed (True) or discarded / cancelled first (False)."""
+        while not self.confirmed.wait(0.02):
+            if cancel.is_set():
+                return False
+        return not self.discarded
+
+    def may_play(self) -> bool:
+        """Whether the next piece of audio may go to the speaker now."""
+        return not self.discarded and (self.claim_audio is None or self.claim_audio())
 
 
 class VoicePipeline:
@@ -146,6 +147,8 @@ class VoicePipeline:
         self.llm_model = llm_model
         self.records: list[TurnRecord] = []
         self._events: list[Event] = []
+        self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
+        self._transcribing: set[int] = set()  # turns whose own ASR has started
 
     def emit(self, event: Event) -> None:
         """Record an event and pass it on."""
@@ -153,19 +156,42 @@ class VoicePipeline:
         if self._emit_external:
             self._emit_external(event)
 
-    def run_turn(self, utterance: SpeechEnded, sink: AudioSink | None, cancel: threading.Event) -> TurnRecord:
-        """Answer one utterance; returns its record once the reply has played (or was cut)."""
+    def run_turn(
+        self,
+        utterance: SpeechEnded | SpeechPaused,
+        sink: AudioSink | None,
+        cancel: threading.Event,
+        gate: ReplyGate | None = None,
+    ) -> TurnRecord | None:
+        """Answer one utterance; returns its record once the reply has played (or was cut).
+
+        With an unconfirmed ``gate`` (speculation from a ``SpeechPaused``) the work starts at
+        once but waits for the gate before playing or recording anything; a discarded gate
+        returns ``None`` and leaves no record (the user's turn goes on).
+        """
+        gate = gate or ReplyGate()
         turn = utterance.turn_id
+        start_ns = time.monotonic_ns()
         self._events = [e for e in self._events if e.turn_id == turn]
-        if not any(isinstance(e, SpeechEnded) for e in self._events):
+        if not any(e is utterance for e in self._events):
             self.emit(utterance)
-        result = self.transcriber.transcribe(utterance.audio)
+        if not gate.confirmed.is_set():
+            self.emit(SpeculationStarted(turn, start_ns, "asr"))
+        self._transcribing.add(turn)  # a partial transcript finishing now would be stale
+        with self.asr_lock:
+            result = self.transcriber.transcribe(utterance.audio)
         text = str(getattr(result, "text", "")).strip()
+        if gate.discarded:
+            self._discarded(turn, start_ns)
+            return None
         self.emit(TranscriptReady(turn, time.monotonic_ns(), text, float(getattr(result, "asr_ms", 0.0))))
         if not text:
+            if not gate.wait(cancel):
+                self._discarded(turn, start_ns)
+                return None
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "no words recognised"))
             return self._finish(turn)
-        return self._answer(turn, text, sink, cancel)
+        return self._answer(turn, text, sink, cancel, gate, start_ns)
 
     def run_text_turn(
         self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event
@@ -177,9 +203,19 @@ class VoicePipeline:
         """
         self._events = [e for e in self._events if e.turn_id == turn]
         self.emit(TranscriptReady(turn, time.monotonic_ns(), text.strip(), 0.0))
-        return self._answer(turn, text.strip(), sink, cancel)
+        record = self._answer(turn, text.strip(), sink, cancel, ReplyGate(), time.monotonic_ns())
+        assert record is not None  # a confirmed gate is never discarded
+        return record
 
-    def _answer(self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event) -> TurnRecord:
+    def _answer(
+        self,
+        turn: int,
+        text: str,
+        sink: AudioSink | None,
+        cancel: threading.Event,
+        gate: ReplyGate,
+        start_ns: int,
+    ) -> TurnRecord | None:
         sentences: queue.Queue[tuple[int, str] | None] = queue.Queue()
         spoken: list[tuple[str, int, int]] = []  # (sentence, turn-relative first sample, samples)
         tts = None
@@ -187,15 +223,22 @@ class VoicePipeline:
             sink = None  # text only: nothing to speak with
         if sink is not None:
             tts = threading.Thread(
-                target=self._speak, args=(turn, sentences, sink, cancel, spoken), name=f"tts-turn-{turn}"
+                target=self._speak,
+                args=(turn, sentences, sink, cancel, gate, spoken),
+                name=f"tts-turn-{turn}",
             )
             tts.start()
         try:
-            self._generate(turn, text, sentences, cancel)
+            reply = self._generate(turn, text, sentences, cancel, gate)
         finally:
             sentences.put(None)
             if tts is not None:
                 tts.join()
+        if not gate.wait(cancel):
+            reply.discard()
+            self._discarded(turn, start_ns)
+            return None
+        reply.confirm()  # now the exchange is part of the conversation
         if sink is not None:
             while not cancel.is_set() and not sink.wait(0.05):
                 pass
@@ -212,14 +255,44 @@ class VoicePipeline:
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "interrupted", heard))
         return self._finish(turn)
 
+    def _discarded(self, turn: int, start_ns: int) -> None:
+        self._transcribing.discard(turn)  # the user goes on: partial transcripts again
+        work_ms = (time.monotonic_ns() - start_ns) / 1e6
+        self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), "speech resumed", work_ms))
+
+    def partial_transcript(self, turn: int, audio: np.ndarray) -> None:
+        """Transcribe the utterance in progress for the live display (``PartialTranscript``).
+
+        Skipped when the turn's own ASR holds the model: the final answer never waits for it
+        to start (at most for one partial already running).
+        """
+        if not self.asr_lock.acquire(blocking=False):
+            return
+        try:
+            result = self.transcriber.transcribe(audio, quick=True)
+        finally:
+            self.asr_lock.release()
+        text = str(getattr(result, "text", "")).strip()
+        if text and turn not in self._transcribing:
+            asr_ms = float(getattr(result, "asr_ms", 0.0))
+            self.emit(PartialTranscript(turn, time.monotonic_ns(), text, 1000 * audio.size / 16000, asr_ms))
+
     def dialogue_reply(self) -> str:
         """The last reply as generated (what a reader saw when nothing is spoken)."""
         return self.dialogue.turns[-1].assistant if self.dialogue.turns else ""
 
     def _generate(
-        self, turn: int, text: str, sentences: queue.Queue[tuple[int, str] | None], cancel: threading.Event
-    ) -> None:
-        reply = self.dialogue.ask(text, cancel)
+        self,
+        turn: int,
+        text: str,
+        sentences: queue.Queue[tuple[int, str] | None],
+        cancel: threading.Event,
+        gate: ReplyGate,
+    ) -> Reply:
+        """Stream the reply into ``sentences``; unconfirmed, it pauses after the first sentence."""
+        if not gate.confirmed.is_set():
+            self.emit(SpeculationStarted(turn, time.monotonic_ns(), "llm"))
+        reply = self.dialogue.ask(text, cancel, held=True)
         splitter = self.make_splitter()
         index = 0
         submitted = False
@@ -234,14 +307,18 @@ class VoicePipeline:
                 self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
                 sentences.put((index, sentence))
                 index += 1
+            # Speculating: one sentence ready to play is enough until the user is done.
+            if index and not gate.wait(cancel):
+                break
         if not submitted:
             s = reply.stats
             self.emit(PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens))
-        if not cancel.is_set():
+        if not cancel.is_set() and not gate.discarded:
             for sentence in splitter.flush():
                 self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
                 sentences.put((index, sentence))
                 index += 1
+        return reply
 
     def _speak(
         self,
@@ -249,17 +326,18 @@ class VoicePipeline:
         sentences: queue.Queue[tuple[int, str] | None],
         sink: AudioSink,
         cancel: threading.Event,
+        gate: ReplyGate,
         spoken: list[tuple[str, int, int]],
     ) -> None:
         offset = 0
         while (item := sentences.get()) is not None:
-            if cancel.is_set():
+            if cancel.is_set() or gate.discarded:
                 continue  # drain without speaking
             index, sentence = item
             assert self.synthesizer is not None  # _answer speaks only with one
             audio = self.synthesizer.synthesize(sentence)
             self.emit(AudioReady(turn, time.monotonic_ns(), index, 1000 * audio.size / SAMPLE_RATE_HZ))
-            if cancel.is_set():
+            if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
                 continue
             spoken.append((sentence, offset, audio.size))
             offset += audio.size
@@ -278,6 +356,7 @@ class VoicePipeline:
         return " ".join(w for w in words if w)
 
     def _finish(self, turn: int) -> TurnRecord:
+        self._transcribing.discard(turn)
         record = build_record(
             turn,
             self._events,

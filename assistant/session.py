@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -16,7 +17,10 @@ from assistant.dialogue import Dialogue
 from assistant.events import Event
 from assistant.llm import load_llm
 from assistant.pipeline import PipelineOptions, VoicePipeline
-from assistant.tts import SentenceSplitter, Synthesizer
+from assistant.splitter import SentenceSplitter
+from assistant.tts import Synthesizer
+from assistant.turn import TurnOptions, describe, end_of_turn_policy
+from assistant.vad import EndOfTurn, Endpointer, FixedSilence, VadOptions
 from engines.progress import EngineProgress
 from models.store import ModelStore
 
@@ -85,6 +89,7 @@ class SessionInfo:
     llm: str = ""
     backend: str = ""
     engine: str = ""
+    turn: str = ""
     warm_up_ms: dict[str, float] = field(default_factory=dict)
     load_s: float = 0.0
 
@@ -102,6 +107,16 @@ class Session:
     notices: list[str] = field(default_factory=list)
     warm_up_ms: dict[str, float] = field(default_factory=dict)
     load_s: float = 0.0
+    turn_policy: EndOfTurn | None = None
+    settings_vad: VadOptions = field(default_factory=VadOptions)
+    settings_turn: TurnOptions = field(default_factory=TurnOptions)
+
+    def endpointer(self) -> Endpointer:
+        """A streaming endpointer with this session's end-of-turn policy."""
+        vad, turn = self.settings_vad, self.settings_turn
+        policy = self.turn_policy or FixedSilence(vad.end_silence_ms)
+        pause_ms = turn.speculate_after_ms if turn.speculate else None
+        return Endpointer(vad, policy=policy, pause_ms=pause_ms)
 
     def info(self) -> SessionInfo:
         """What the status bar shows about this session."""
@@ -112,6 +127,7 @@ class Session:
             llm=self.pipeline.llm_model,
             backend=self.dialogue.decoder.name,
             engine=getattr(self.dialogue.decoder, "cache_status", ""),
+            turn=describe(self.turn_policy) if self.turn_policy else "",
             warm_up_ms=dict(self.warm_up_ms),
             load_s=self.load_s,
         )
@@ -164,6 +180,7 @@ def build_session(
         progress(text, fraction)
 
     mic = speaker = synthesizer = None
+    policy: EndOfTurn | None = None
     notices: list[str] = []
     if devices:
         step("opening audio devices", 0.02)
@@ -192,6 +209,12 @@ def build_session(
         if transcriber is not None:
             step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
+            step(f"loading the turn detector ({settings.turn.detection})", 0.85)
+            policy, notice = end_of_turn_policy(
+                settings.turn, settings.vad, ModelStore(settings.models.store_dir)
+            )
+            if notice:
+                notices.append(notice)
         if tts or (tts is None and speaker is not None):
             step("starting TTS", 0.9)
             synthesizer = Synthesizer(settings.tts)
@@ -209,7 +232,7 @@ def build_session(
         dialogue,
         transcriber or _NoAsr(),
         synthesizer,
-        SentenceSplitter,
+        functools.partial(SentenceSplitter, settings.splitter),
         options,
         emit,
         settings.models.llm,
@@ -224,6 +247,9 @@ def build_session(
         notices,
         warm,
         (time.monotonic_ns() - start_ns) / 1e9,
+        policy,
+        settings.vad,
+        settings.turn,
     )
 
 
@@ -232,5 +258,5 @@ class _NoAsr:
 
     description = "none"
 
-    def transcribe(self, audio: object) -> object:
+    def transcribe(self, audio: object, quick: bool = False) -> object:
         raise RuntimeError("no ASR model loaded (text mode)")

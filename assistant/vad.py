@@ -4,25 +4,37 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from assistant.audio import SAMPLE_RATE_HZ
-from assistant.events import Event, SpeechEnded, SpeechOnset, SpeechStarted
+from assistant.events import (
+    Event,
+    SpeechEnded,
+    SpeechOnset,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    TurnDecision,
+)
 
 CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
 CHUNK_NS = CHUNK_SAMPLES * 1_000_000_000 // SAMPLE_RATE_HZ
+CHUNK_MS = CHUNK_NS / 1e6
 
 
 @dataclass(frozen=True)
 class VadOptions:
     """Endpointing thresholds.
 
-    A turn needs ``min_speech_ms`` of speech; it ends after ``end_silence_ms`` of silence
-    (400 ms: shorter cuts people off at commas and breaths, longer adds directly to
-    voice-to-voice latency; see docs). ``onset_ms`` of speech raises ``SpeechOnset`` (what
+    A turn needs ``min_speech_ms`` of speech; with fixed-silence endpointing it ends after
+    ``end_silence_ms`` of silence (400 ms: shorter cuts people off at commas and breaths,
+    longer adds directly to voice-to-voice latency; see docs); with turn detection
+    (``assistant.turn``) a model decides. ``onset_ms`` of speech raises ``SpeechOnset`` (what
     barge-in reacts to: short, so the reply stops within 200 ms). ``pre_roll_ms`` of audio
     before the onset is kept so soft first syllables reach ASR. An utterance longer than
     ``max_utterance_s`` is cut into a turn and the rest starts the next one.
@@ -35,6 +47,44 @@ class VadOptions:
     end_silence_ms: int = 400
     pre_roll_ms: int = 300
     max_utterance_s: float = 20.0
+
+
+class EndOfTurn(Protocol):
+    """Decides, during a pause, whether the speaker is done (``assistant.turn`` has the model one)."""
+
+    pause_ms: int
+
+    def decide(
+        self, turn_id: int, audio: Callable[[], np.ndarray], silence_ms: float, t_ns: int
+    ) -> TurnDecision | None:
+        """A decision event when it looked at the pause now (``complete`` ends the turn), else None.
+
+        ``audio()`` returns the utterance so far; ``t_ns`` is when its last chunk was captured.
+        """
+        ...
+
+    def reset(self) -> None:
+        """A new pause begins."""
+        ...
+
+
+@dataclass
+class FixedSilence:
+    """Today's rule: the turn ends after ``end_silence_ms`` of silence, whatever was said."""
+
+    end_silence_ms: int
+    pause_ms: int = 200
+
+    def decide(
+        self, turn_id: int, audio: Callable[[], np.ndarray], silence_ms: float, t_ns: int
+    ) -> TurnDecision | None:
+        """Complete once the silence is long enough; nothing to say before."""
+        if silence_ms < self.end_silence_ms:
+            return None
+        return TurnDecision(turn_id, t_ns, True, None, 0.0, silence_ms, "fixed silence")
+
+    def reset(self) -> None:
+        """Nothing to forget."""
 
 
 def silero_model_path() -> str:
@@ -74,19 +124,35 @@ class SileroStream:
 
 
 class Endpointer:
-    """Turns a stream of 16 kHz samples into ``SpeechStarted`` / ``SpeechEnded`` events.
+    """Turns a stream of 16 kHz samples into speech events.
 
     Feed it any number of samples with the monotonic time at which the last of them was
-    captured; it runs the VAD per 32 ms chunk and keeps its own buffers.
+    captured; it runs the VAD per 32 ms chunk and keeps its own buffers. Events: ``SpeechOnset``
+    (``onset_ms`` of speech), ``SpeechStarted`` (``min_speech_ms``: a turn), ``SpeechPaused``
+    (``pause_ms`` of silence, at most the policy's), ``TurnDecision`` (the policy looked), ``SpeechResumed``
+    (speech again after a pause, ``onset_ms`` long) and ``SpeechEnded`` (the policy said the
+    turn is complete, or ``max_utterance_s`` cut it). Until :meth:`seal` is called, speech
+    after ``SpeechEnded`` continues that turn (``SpeechResumed(after_endpoint=True)``): the
+    reply has not started, so the user has not been answered yet.
     """
 
-    def __init__(self, options: VadOptions, model: SileroStream | None = None) -> None:
+    def __init__(
+        self,
+        options: VadOptions,
+        model: SileroStream | None = None,
+        policy: EndOfTurn | None = None,
+        pause_ms: int | None = None,
+    ) -> None:
         self.options = options
         self.model = model or SileroStream()
+        self.policy: EndOfTurn = policy or FixedSilence(options.end_silence_ms)
+        # SpeechPaused (where speculation starts) may come before the policy's first look.
+        self.pause_ms = min(pause_ms or self.policy.pause_ms, self.policy.pause_ms)
         self.pending = np.zeros(0, np.float32)
         pre_chunks = max(1, options.pre_roll_ms * SAMPLE_RATE_HZ // 1000 // CHUNK_SAMPLES)
         self.pre_roll: deque[np.ndarray] = deque(maxlen=pre_chunks)
         self.next_turn_id = 1
+        self.closed: tuple[int, list[np.ndarray]] | None = None  # the last turn, until sealed
         self._reset_utterance()
 
     def _reset_utterance(self) -> None:
@@ -98,13 +164,20 @@ class Endpointer:
         self.onset_sent = False
         self.onset_t_ns = 0
         self.last_speech_t_ns = 0
+        self.paused = False  # SpeechPaused was sent for the silence under way
+        self.resume_run = 0  # speech chunks in a row since the pause
 
     def reset(self) -> None:
         """Drop any partial utterance and VAD state (e.g. after the mic was muted)."""
         self.model.reset()
         self.pending = np.zeros(0, np.float32)
         self.pre_roll.clear()
+        self.closed = None
         self._reset_utterance()
+
+    def seal(self) -> None:
+        """The last turn is being answered aloud: later speech starts a new turn."""
+        self.closed = None
 
     def feed(self, samples: np.ndarray, t_ns: int) -> list[Event]:
         """Add samples (float32 mono 16 kHz) captured up to ``t_ns``; return finished events."""
@@ -128,6 +201,9 @@ class Endpointer:
             events.extend(self.feed(piece, t_ns))
         return events
 
+    def _audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks)
+
     def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
         opts = self.options
         prob = self.model(chunk)
@@ -140,26 +216,48 @@ class Endpointer:
             self.onset_t_ns = t_end_ns - CHUNK_NS
             self.chunks = list(self.pre_roll)
         self.chunks.append(chunk)
-        if speech:
+        events: list[Event] = []
+        onset_chunks = max(1, round(opts.onset_ms / CHUNK_MS))
+        if speech and self.paused:  # maybe the user goes on; a breath or click must not count
+            self.resume_run += 1
+            self.silence_chunks += 1
+            if self.resume_run >= onset_chunks:
+                self.paused = False
+                self.silence_chunks = 0
+                self.speech_chunks += self.resume_run
+                self.last_speech_t_ns = t_end_ns
+                events.append(SpeechResumed(self.turn_id, t_end_ns))
+        elif speech:
             self.speech_chunks += 1
             self.silence_chunks = 0
+            self.resume_run = 0
             self.last_speech_t_ns = t_end_ns
         else:
             self.silence_chunks += 1
-        events: list[Event] = []
-        if not self.onset_sent and self.speech_chunks * CHUNK_NS >= opts.onset_ms * 1_000_000:
+            self.resume_run = 0
+        if not self.onset_sent and self.speech_chunks >= onset_chunks:
             self.onset_sent = True
-            events.append(SpeechOnset(self.turn_id or self.next_turn_id, t_end_ns, self.onset_t_ns))
+            if self.closed is not None and not self.turn_id:
+                # The last turn was not answered aloud yet: this speech is the rest of it.
+                turn, before = self.closed
+                self.closed = None
+                self.turn_id = turn
+                self.chunks = before + self.chunks
+                events.append(SpeechResumed(turn, t_end_ns, after_endpoint=True))
+            else:
+                events.append(SpeechOnset(self.turn_id or self.next_turn_id, t_end_ns, self.onset_t_ns))
         if not self.turn_id and self.speech_chunks * CHUNK_NS >= opts.min_speech_ms * 1_000_000:
             # Long enough not to be a click or a cough: from here on it is a turn.
             self.turn_id = self._start_turn(self.onset_t_ns, events)
-        ended = self.silence_chunks * CHUNK_NS >= opts.end_silence_ms * 1_000_000
+        ended = self._decide(t_end_ns, events)
         cut = not ended and len(self.chunks) * CHUNK_NS >= opts.max_utterance_s * 1e9
         if not (ended or cut):
             return events
+        end_t_ns = events[-1].t_ns if ended and events else t_end_ns
         if self.turn_id:
-            audio = np.concatenate(self.chunks)
-            events.append(SpeechEnded(self.turn_id, t_end_ns, self.last_speech_t_ns, audio, cut))
+            audio = self._audio()
+            events.append(SpeechEnded(self.turn_id, end_t_ns, self.last_speech_t_ns, audio, cut))
+            self.closed = None if cut else (self.turn_id, list(self.chunks))
         self._reset_utterance()
         self.pre_roll.clear()
         if cut:  # the speaker goes on: the rest opens the next turn at once, nothing is dropped
@@ -167,6 +265,23 @@ class Endpointer:
             self.onset_t_ns = self.last_speech_t_ns = t_end_ns
             self.turn_id = self._start_turn(t_end_ns, events)
         return events
+
+    def _decide(self, t_end_ns: int, events: list[Event]) -> bool:
+        """Whether the silence under way ends the utterance (pausing and asking the policy)."""
+        silence_ms = self.silence_chunks * CHUNK_MS
+        if not self.silence_chunks:
+            return False
+        if not self.turn_id:  # a click or a cough: gone after the usual silence
+            return silence_ms >= self.options.end_silence_ms
+        if not self.paused and silence_ms >= self.pause_ms:
+            self.paused = True
+            self.policy.reset()
+            events.append(SpeechPaused(self.turn_id, t_end_ns, self.last_speech_t_ns, self._audio()))
+        decision = self.policy.decide(self.turn_id, self._audio, silence_ms, t_end_ns)
+        if decision is None:
+            return False
+        events.append(decision)
+        return decision.complete
 
     def _start_turn(self, onset_t_ns: int, events: list[Event]) -> int:
         turn = self.next_turn_id

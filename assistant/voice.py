@@ -14,19 +14,24 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from assistant.audio import FileSink
 from assistant.events import (
     BargeIn,
     Event,
+    PartialTranscript,
     SentenceReady,
     SpeechEnded,
+    SpeechResumed,
     SpeechStarted,
     TranscriptReady,
+    TurnDecision,
     TurnDone,
 )
 from assistant.latency import TurnRecord
 from assistant.live import LiveLoop
-from assistant.pipeline import FileSink, PipelineOptions, VoicePipeline
-from assistant.vad import SAMPLE_RATE_HZ, Endpointer, VadOptions
+from assistant.pipeline import PipelineOptions, VoicePipeline
+from assistant.turn import TurnOptions
+from assistant.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +40,17 @@ class NoSpeechInFile(ValueError):
     """The input file holds no speech the VAD accepts."""
 
 
-def find_utterance(audio: np.ndarray, vad: VadOptions, path: Path) -> tuple[np.ndarray, float]:
-    """The speech of a recorded file as one utterance, and the VAD's endpointing delay in ms.
+def find_utterance(
+    audio: np.ndarray, vad: VadOptions, path: Path, policy: EndOfTurn | None = None
+) -> tuple[np.ndarray, float]:
+    """The speech of a recorded file as one utterance, and the endpointing delay in ms.
 
-    The file is run through the same streaming endpointer as the microphone (with trailing
-    silence appended, as if the speaker stopped); all speech it finds forms the turn.
+    The file is run through the same streaming endpointer as the microphone, with the same
+    end-of-turn ``policy`` (fixed silence when ``None``) and trailing silence appended, as if
+    the speaker stopped; all speech it finds forms the turn, and the delay is the one the
+    policy took after the last of it.
     """
-    endpointer = Endpointer(VadOptions(**{**vad.__dict__, "max_utterance_s": 1e9}))
+    endpointer = Endpointer(VadOptions(**{**vad.__dict__, "max_utterance_s": 1e9}), policy=policy)
     events = endpointer.feed_recording(np.concatenate([audio, np.zeros(SAMPLE_RATE_HZ * 2, np.float32)]))
     ns_per_sample = 1e9 / SAMPLE_RATE_HZ
     ended = [e for e in events if isinstance(e, SpeechEnded)]
@@ -65,18 +74,25 @@ def write_wav(path: Path, audio: np.ndarray) -> None:
 
 
 def run_file(
-    pipeline: VoicePipeline, vad: VadOptions, audio: np.ndarray, src: Path, dst: Path | None
+    pipeline: VoicePipeline,
+    vad: VadOptions,
+    audio: np.ndarray,
+    src: Path,
+    dst: Path | None,
+    policy: EndOfTurn | None = None,
 ) -> TurnRecord:
     """One turn from a recorded question; the reply goes to ``dst`` (a WAV) if given.
 
     Timing: the turn's clock starts as if the speaker had just stopped: the speech end is
-    placed the VAD's measured endpointing delay before processing begins.
+    placed the measured endpointing delay before processing begins. Nothing is speculated
+    (there is no live pause to work in).
     """
-    speech, delay_ms = find_utterance(audio, vad, src)
+    speech, delay_ms = find_utterance(audio, vad, src, policy)
     now = time.monotonic_ns()
     utterance = SpeechEnded(1, now, speech_end_t_ns=now - int(delay_ms * 1e6), audio=speech)
     sink = FileSink()
     record = pipeline.run_turn(utterance, sink, threading.Event())
+    assert record is not None  # confirmed from the start: never discarded
     if dst is not None:
         write_wav(dst, sink.audio())
     return record
@@ -105,6 +121,17 @@ class ConsoleReporter:
         line = None
         if isinstance(event, SpeechStarted):
             line = f"[turn {event.turn_id}] hearing..."
+        elif isinstance(event, PartialTranscript):
+            line = f"[turn {event.turn_id}] ... {event.text}"
+        elif isinstance(event, SpeechResumed):
+            after = " after the endpoint: the reply waits" if event.after_endpoint else ""
+            line = f"[turn {event.turn_id}] you went on{after}"
+        elif isinstance(event, TurnDecision) and event.reason == "model":
+            verdict = "done" if event.complete else "not done, listening on"
+            line = (
+                f"[turn {event.turn_id}] turn detector: {verdict} (p={event.probability:.2f}, "
+                f"{event.inference_ms:.0f} ms, after {event.silence_ms:.0f} ms of silence)"
+            )
         elif isinstance(event, BargeIn):
             reaction_ms = (event.t_ns - event.onset_t_ns) / 1e6
             line = f"[turn {event.turn_id}] interrupted: reply stopped {reaction_ms:.0f} ms after you spoke"
@@ -120,10 +147,15 @@ class ConsoleReporter:
 
 
 def run_live(
-    pipeline: VoicePipeline, mic: Any, speaker: Any, vad: VadOptions, out: TextIO = sys.stdout
+    pipeline: VoicePipeline,
+    mic: Any,
+    speaker: Any,
+    endpointer: Endpointer,
+    turn: TurnOptions,
+    out: TextIO = sys.stdout,
 ) -> int:
     """Listen and answer until Ctrl-C (SIGINT) or SIGTERM; closes streams and joins threads."""
-    loop = LiveLoop(pipeline, mic, speaker, Endpointer(vad))
+    loop = LiveLoop(pipeline, mic, speaker, endpointer, turn=turn)
     done = threading.Event()
 
     def stop(_sig: int, _frame: object) -> None:

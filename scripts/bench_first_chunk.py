@@ -30,7 +30,7 @@ import numpy as np
 from assistant.config import load_settings
 from assistant.dialogue import Dialogue
 from assistant.llm import load_llm
-from assistant.tts import SentenceSplitter, SplitterOptions
+from assistant.splitter import SentenceSplitter, SplitterOptions
 
 QUESTIONS = [
     "Tell me about the history of Rome.",

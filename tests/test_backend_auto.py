@@ -59,6 +59,13 @@ def test_auto_settings_load_as_the_fp32_cpu_onnxruntime_backend(monkeypatch):
     assert reason == choose_backend(NO_GPU_WITH_ORT).reason
 
 
+def test_auto_with_a_dtype_onnx_has_not_runs_pytorch_and_says_why(monkeypatch):
+    monkeypatch.setattr(selection, "probe", lambda: NO_GPU_WITH_ORT)
+    decoder, reason = resolve_auto_backend(DecoderSettings(backend="auto", dtype="bf16"))
+    assert (decoder.backend, decoder.device, decoder.dtype) == ("pytorch", "cpu", "bf16")
+    assert "bf16 is not exported to ONNX" in reason
+
+
 def test_cli_auto_on_a_cpu_machine_answers_a_spoken_question_with_onnxruntime(store, tmp_path):
     found = probe()
     if found.gpu is not None or found.torch_cuda:

@@ -17,9 +17,8 @@ import pytest
 from tests.speech import read_wav, speak
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = [
+ORDER = [  # the endpoint is not in it: speculative ASR may finish before the end of the turn
     "speech_end",
-    "endpoint",
     "transcript",
     "prompt_submitted",
     "first_token",
@@ -68,11 +67,13 @@ def check_record(rec: dict) -> None:
     assert "Paris" in rec["reply"]
     stamps = [rec["timestamps_ns"][k] for k in ORDER]
     assert stamps == sorted(stamps), rec["timestamps_ns"]
-    assert rec["timestamps_ns"]["playback_end"] >= rec["timestamps_ns"]["first_audio"]
+    ts = rec["timestamps_ns"]
+    assert ts["speech_end"] < ts["endpoint"] < ts["first_audio"] <= ts["playback_end"], ts
     for key in METRICS:
         assert rec["metrics"][key] is not None and rec["metrics"][key] >= 0
     assert rec["metrics"]["tokens_per_s"] > 0
-    assert rec["backend"].startswith("pytorch") and rec["llm_model"] and "whisper" in rec["asr_model"]
+    # The default backend is auto: ONNX Runtime on this CPU machine.
+    assert rec["backend"].startswith("onnxruntime") and rec["llm_model"] and "whisper" in rec["asr_model"]
 
 
 def test_wav_in_wav_out_answers_and_logs_every_field(question_wav, tmp_path, whisper):

@@ -1,0 +1,123 @@
+"""End of turn: is the user done, or only pausing? Pipecat's Smart Turn model decides.
+
+After ``pause_ms`` of silence the model scores the utterance; a probability at or above
+``threshold`` ends the turn at once, below it the endpointer keeps listening and scores again
+every ``rescore_ms``, and ``max_silence_ms`` of silence ends the turn whatever the model says.
+``detection = "off"`` is the fixed silence of ``[vad] end_silence_ms``. Defaults and why:
+docs/voice.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from assistant.events import TurnDecision
+from assistant.vad import EndOfTurn, FixedSilence, VadOptions
+from models.store import DEFAULT_TURN, ModelStore
+
+if TYPE_CHECKING:
+    from assistant.smart_turn import SmartTurn
+
+logger = logging.getLogger(__name__)
+
+DETECTIONS = ("smart-turn", "off")
+
+
+@dataclass(frozen=True)
+class TurnOptions:
+    """How the end of a turn is found, and what runs while it is undecided.
+
+    ``speculate``: after ``speculate_after_ms`` of silence, transcribe and start the reply
+    while the policy decides; nothing plays and nothing enters the history until the turn is
+    confirmed, and speech that comes back discards the work.
+    ``partial_interval_ms``: how often the utterance in progress is re-transcribed for the
+    live partial transcript (0: never); it yields to the turn's own work.
+    """
+
+    detection: str = "smart-turn"
+    model: str = DEFAULT_TURN
+    pause_ms: int = 200
+    max_silence_ms: int = 1200
+    threshold: float = 0.5
+    rescore_ms: int = 300
+    speculate: bool = True
+    speculate_after_ms: int = 128
+    partial_interval_ms: int = 700
+
+    def __post_init__(self) -> None:
+        if self.detection not in DETECTIONS:
+            raise ValueError(f"turn detection {self.detection!r}: use one of {', '.join(DETECTIONS)}")
+        if not 0 < self.pause_ms <= self.max_silence_ms:
+            raise ValueError(f"turn pause_ms {self.pause_ms} must be > 0 and <= max_silence_ms")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"turn threshold {self.threshold} must be within 0..1")
+
+
+class SmartTurnPolicy:
+    """Ends a turn when Smart Turn says the speaker is done, or at ``max_silence_ms``."""
+
+    def __init__(self, model: SmartTurn, options: TurnOptions) -> None:
+        self.model = model
+        self.options = options
+        self.pause_ms = options.pause_ms
+        self.next_score_ms = float(options.pause_ms)
+        self.last: TurnDecision | None = None
+
+    def reset(self) -> None:
+        """A new pause: score again at ``pause_ms``."""
+        self.next_score_ms = float(self.pause_ms)
+        self.last = None
+
+    def decide(
+        self, turn_id: int, audio: Callable[[], np.ndarray], silence_ms: float, t_ns: int
+    ) -> TurnDecision | None:
+        """Score at ``pause_ms`` and every ``rescore_ms`` after; complete at the threshold or the cap."""
+        opts = self.options
+        if silence_ms >= opts.max_silence_ms:
+            p = self.last.probability if self.last else None
+            return TurnDecision(turn_id, t_ns, True, p, 0.0, silence_ms, "max silence")
+        if silence_ms < self.next_score_ms:
+            return None
+        self.next_score_ms = silence_ms + opts.rescore_ms
+        score = self.model.score(audio())
+        complete = score.probability >= opts.threshold
+        # The decision exists only once the model has run: its time includes the inference.
+        decided_t_ns = t_ns + int(score.inference_ms * 1e6)
+        self.last = TurnDecision(
+            turn_id, decided_t_ns, complete, score.probability, score.inference_ms, silence_ms, "model"
+        )
+        return self.last
+
+
+def end_of_turn_policy(turn: TurnOptions, vad: VadOptions, store: ModelStore) -> tuple[EndOfTurn, str]:
+    """The policy ``turn`` asks for, and a notice when it had to fall back ('' otherwise).
+
+    A missing or damaged Smart Turn model never stops the app: it falls back to fixed silence.
+    """
+    fixed = FixedSilence(vad.end_silence_ms, min(turn.pause_ms, vad.end_silence_ms))
+    if turn.detection == "off":
+        return fixed, ""
+    from assistant.smart_turn import SmartTurn, TurnModelError  # onnxruntime: only when used
+
+    try:
+        model = SmartTurn.from_store(store, turn.model)
+        model.warm_up()
+    except TurnModelError as e:
+        logger.warning("turn detection unavailable: %s", e)
+        return fixed, f"turn detection off ({e}); ending turns after {vad.end_silence_ms} ms of silence"
+    return SmartTurnPolicy(model, turn), ""
+
+
+def describe(policy: EndOfTurn) -> str:
+    """``smart-turn-v3.2 (pause 200 ms, max 1200 ms)`` or ``fixed silence 400 ms``."""
+    if isinstance(policy, SmartTurnPolicy):
+        o = policy.options
+        return f"{o.model} (pause {o.pause_ms} ms, max {o.max_silence_ms} ms)"
+    if isinstance(policy, FixedSilence):
+        return f"fixed silence {policy.end_silence_ms} ms"
+    return type(policy).__name__
