@@ -18,12 +18,16 @@ import pytest
 from assistant.config import load_settings
 from assistant.events import (
     AudioReady,
+    PartialTranscript,
     PromptSubmitted,
     SentenceReady,
+    SpeculationStarted,
     SpeechEnded,
+    SpeechPaused,
     SpeechStarted,
     TokenGenerated,
     TranscriptReady,
+    TurnDecision,
 )
 from assistant.latency import build_record, percentiles
 from assistant.session import SessionInfo, build_session
@@ -167,7 +171,7 @@ async def test_spoken_turn_on_the_virtual_mic_hears_answers_and_mutes(pulse, que
         shown = app.query_one(LatencyBreakdown).plain()
         for label, _short, key, _style in LEGEND:
             assert record.metrics[key] is not None, key
-            assert f"{label} {fmt_ms(record.metrics[key])}" in shown, (label, shown)
+            assert f"{label} {fmt_ms(record.metrics[key])}" in shown, (label, shown, record)
         conversation = app.query_one(Conversation)
         assert " ".join(conversation.reply_text(record.turn_id).split()) == " ".join(record.reply.split())
         screen = " ".join(screen_text(app).split())
@@ -302,6 +306,7 @@ INFO = SessionInfo(
     engine="eager, nothing to cache",
     warm_up_ms={"llm": 212.0, "asr": 305.0},
     load_s=3.2,
+    turn="smart-turn-v3.2 (pause 200 ms, max 1200 ms)",
 )
 MS = 1_000_000
 
@@ -310,7 +315,11 @@ def turn_events(turn: int, base_ns: int, words: list[str], finished: bool = True
     """A voice turn's events at fixed times (speech end at ``base_ns``)."""
     events = [
         SpeechStarted(turn, base_ns - 1500 * MS),
-        SpeechEnded(turn, base_ns + 400 * MS, base_ns),
+        PartialTranscript(turn, base_ns - 600 * MS, "What is the capital", 900.0, 180.0),
+        SpeechPaused(turn, base_ns + 128 * MS, base_ns),
+        SpeculationStarted(turn, base_ns + 128 * MS, "asr"),
+        TurnDecision(turn, base_ns + 286 * MS, True, 0.93, 62.0, 224.0, "model"),
+        SpeechEnded(turn, base_ns + 286 * MS, base_ns),
         TranscriptReady(turn, base_ns + 520 * MS, "What is the capital of France?", 118.0),
         PromptSubmitted(turn, base_ns + 524 * MS, 60, 40),
     ]

@@ -23,14 +23,21 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
 
+from assistant.audio import AudioSink, FileSink
 from assistant.config import Settings
 from assistant.events import (
     AudioReady,
     BargeIn,
     Event,
     MicLevel,
+    PartialTranscript,
+    SpeculationConfirmed,
+    SpeculationDiscarded,
+    SpeculationStarted,
     SpeechEnded,
     SpeechOnset,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     TokenGenerated,
     TranscriptReady,
@@ -39,7 +46,7 @@ from assistant.events import (
 )
 from assistant.latency import EventLog, TurnRecord, build_record, export_report
 from assistant.live import LiveLoop
-from assistant.pipeline import AudioSink, FileSink, PipelineOptions
+from assistant.pipeline import PipelineOptions
 from assistant.session import LoadCancelled, Progress, Session, build_session
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.gpu import GpuMonitor
@@ -101,6 +108,7 @@ class AssistantApp(App[int]):
         self.loop: LiveLoop | None = None
         self.records: list[TurnRecord] = []
         self.turn_events: dict[int, list[Event]] = {}
+        self.held: dict[int, list[str]] = {}  # reply text of turns still speculative
         self.listening = True
         self.muted = False
         self.barge_in = self.settings.pipeline.barge_in
@@ -168,13 +176,11 @@ class AssistantApp(App[int]):
             self.query_one("#load-step", Static).update(f"{text}  {time.monotonic() - since:.0f} s")
 
     def _make_loop(self, session: Session) -> LiveLoop:
-        from assistant.vad import Endpointer
-
         speaker: AudioSink | None = session.speaker
         if speaker is None and self.input_wav is not None and session.synthesizer is not None:
             speaker = FileSink()  # replay without a speaker: the reply is rendered, not played
-        endpointer = Endpointer(self.settings.vad) if session.mic is not None else None
-        loop = LiveLoop(session.pipeline, session.mic, speaker, endpointer, self.emit)
+        endpointer = session.endpointer() if session.mic is not None else None
+        loop = LiveLoop(session.pipeline, session.mic, speaker, endpointer, self.emit, self.settings.turn)
         loop.listening, loop.muted = self.listening, self.muted
         return loop
 
@@ -236,7 +242,8 @@ class AssistantApp(App[int]):
         from assistant.voice import find_utterance
 
         assert self.loop is not None
-        speech, delay_ms = find_utterance(load_wav(path), self.settings.vad, path)
+        assert self.session is not None
+        speech, delay_ms = find_utterance(load_wav(path), self.settings.vad, path, self.session.turn_policy)
         turn = self.loop.submit_speech(speech, delay_ms)
         self.query_one(Conversation).notice(f"turn {turn}: replaying {path.name}")
 
@@ -282,13 +289,29 @@ class AssistantApp(App[int]):
         if isinstance(event, SpeechStarted):
             conversation.hearing(turn)
             status.set(state="hearing")
-        elif isinstance(event, SpeechEnded):
+        elif isinstance(event, PartialTranscript) and turn not in self.held:
+            conversation.partial(turn, event.text)
+        elif isinstance(event, SpeechPaused):
+            status.set(state="pause")
+        elif isinstance(event, SpeechResumed):
+            status.set(state="hearing")
+        elif isinstance(event, SpeculationStarted) and event.stage == "asr":
+            self.held[turn] = []  # a speculative reply shows only once the turn is confirmed
+        elif isinstance(event, SpeculationDiscarded):
+            self.held.pop(turn, None)
+            conversation.drop_reply(turn)
+        elif isinstance(event, SpeechEnded | SpeculationConfirmed):
             status.set(state="thinking")
+            if event.turn_id in self.held:
+                for text in self.held.pop(turn):
+                    conversation.token(turn, text)
         elif isinstance(event, TranscriptReady):
             conversation.user(turn, event.text)
-            status.set(state="thinking")
         elif isinstance(event, TokenGenerated):
-            conversation.token(turn, event.text)
+            if turn in self.held:
+                self.held[turn].append(event.text)
+            else:
+                conversation.token(turn, event.text)
         elif isinstance(event, AudioReady) and event.index == 0:
             status.set(state="speaking")
         elif isinstance(event, TurnCancelled):

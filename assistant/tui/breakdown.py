@@ -15,6 +15,8 @@ from assistant.latency import TurnRecord
 # span speech end -> first audio, i.e. voice-to-voice. (start, stop, style, label format)
 # The prompt step has no metric of its own, so no number (and often 0 cells); the rest of
 # the first sentence reads "+N": it continues TTFT, and first sentence counts from the prompt.
+# Work done speculatively inside the silence wait happened before the endpoint: each piece
+# starts where the one before it ended, so such work shows only as the part still waited for.
 SEGMENTS = (
     ("speech_end", "endpoint", "on dark_cyan", "{:.0f}"),
     ("endpoint", "transcript", "on blue", "{:.0f}"),
@@ -38,6 +40,17 @@ LEGEND = (
 def fmt_ms(value: float | None) -> str:
     """``412 ms``, or ``n/a`` for a stage the turn did not have."""
     return "n/a" if value is None else f"{value:.0f} ms"
+
+
+def _detector(record: TurnRecord, narrow: bool) -> str:
+    """What ended the turn: ``turn p0.93 62 ms``, ``max silence``, ``fixed silence``."""
+    ms = record.metrics.get("turn_detection_ms")
+    if record.turn_probability is not None and ms is not None:
+        if narrow:  # its ms are in the statistics table
+            return f"p{record.turn_probability:.2f}"
+        return f"p{record.turn_probability:.2f}/{ms:.0f} ms"
+    p = record.turn_probability
+    return record.turn_detector.removesuffix("" if p is None else f" {p:.2f}")
 
 
 class LatencyBreakdown(Static):
@@ -75,13 +88,15 @@ class LatencyBreakdown(Static):
 
     def _bar(self, record: TurnRecord, width: int, running: bool) -> Text:
         ts = record.timestamps_ns
-        done = [
-            (a, b, style, fmt) for a, b, style, fmt in SEGMENTS if ts.get(a) and ts.get(b) and ts[b] >= ts[a]
-        ]
-        spans = [((ts[b] - ts[a]) / 1e6, style, fmt) for a, b, style, fmt in done]
+        spans: list[tuple[float, str, str]] = []
+        end = 0  # where the last piece ended: later pieces start no earlier
+        for a, b, style, fmt in SEGMENTS:
+            if ts.get(a) and ts.get(b) and ts[b] >= ts[a]:
+                start = max(ts[a], end)
+                end = max(ts[b], start)
+                spans.append(((end - start) / 1e6, style, fmt))
         if running and spans and not ts.get("first_audio"):  # the stage under way, growing
-            latest = max(ts[b] for _, b, _, _ in done)
-            spans.append((max(self.clock() - latest, 0) / 1e6, *WAITING))
+            spans.append((max(self.clock() - end, 0) / 1e6, *WAITING))
         total = sum(ms for ms, _, _ in spans)
         if total <= 0:
             return Text("(waiting for the first stage)", style="dim")
@@ -107,11 +122,15 @@ class LatencyBreakdown(Static):
             value = m.get(key)
             out.append("▮", style.removeprefix("on "))
             if self.narrow:  # one "ms" for the line
-                out.append(f" {short} {'n/a' if value is None else f'{value:.0f}'}  ")
+                out.append(f" {short} {'n/a' if value is None else f'{value:.0f}'}")
             else:
-                out.append(f" {label} {fmt_ms(value)}   ")
+                out.append(f" {label} {fmt_ms(value)}")
+            if key == "endpointing_ms" and record.turn_detector:
+                out.append(f" ({_detector(record, self.narrow)})", "dim")
+            out.append(" " if self.narrow else "  ")
         if self.narrow:
             out.append("(ms)", "dim")
+        out.rstrip()
         return out
 
     def _totals(self, title: str, record: TurnRecord) -> Text:
@@ -126,8 +145,12 @@ class LatencyBreakdown(Static):
         else:
             out.append(f"{name} {fmt_ms(v2v)}", "bold")
         tps = m.get("tokens_per_s")
-        out.append(f"  {'n/a' if tps is None else f'{tps:.1f}'} tok/s  {record.tokens} tok")
+        out.append(f"  {'n/a' if tps is None else f'{tps:.1f}'} tok/s")
+        if not self.narrow:
+            out.append(f"  {record.tokens} tok")
         out.append(f"  prompt {record.prompt_tokens} ({record.reused_tokens} reused)")
+        if m.get("speculated_ms"):  # why the turn was fast: work done before the endpoint
+            out.append(f"  overlap {m['speculated_ms']:.0f} ms", "italic")
         if record.cancelled:
             out.append(f"  ({record.cancelled})", "yellow")
         return out

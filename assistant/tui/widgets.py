@@ -15,6 +15,7 @@ from assistant.session import SessionInfo
 
 STAGE_LABELS = {
     "endpointing_ms": "endpointing",
+    "turn_detection_ms": "turn detection",
     "asr_ms": "ASR",
     "ttft_ms": "TTFT",
     "first_sentence_ms": "1st sentence",
@@ -46,6 +47,21 @@ class Conversation(VerticalScroll, can_focus=False):
         """Show that speech of ``turn`` is being heard (replaced by its transcript)."""
         if turn not in self._user:
             self._user[turn] = self._add(Static(Text("you: (hearing…)"), classes="user hearing"))
+
+    def partial(self, turn: int, text: str) -> None:
+        """Words of ``turn`` heard so far, while the user is still speaking."""
+        self.hearing(turn)
+        self._user[turn].update(Text(f"you: {text} …"))
+
+    def drop_reply(self, turn: int) -> None:
+        """Remove ``turn``'s reply (speculative work the user talked over)."""
+        widget = self._reply.pop(turn, None)
+        if widget is not None:
+            widget.remove()
+        self._reply_text.pop(turn, None)
+        self._dirty.discard(turn)
+        if turn in self._user:
+            self._user[turn].add_class("hearing")
 
     def user(self, turn: int, text: str) -> None:
         """The final transcript (or typed text) of ``turn``."""
@@ -159,6 +175,8 @@ class StatusBar(Static):
         barge = "on" if self.barge_in else "off"
         line1.append(f" in: {i.mic or 'none'}  out: {i.speaker or 'none'}  barge-in {barge}")
         llm = f" LLM {i.llm or '-'} ({i.backend or '-'})  engine: {i.engine or '-'}"
+        if i.turn:
+            line1.append(f"  turn: {i.turn}")
         rest = f" ASR {i.asr or 'none'}  warm-up {warm}  GPU {self.gpu or 'none'}"
         lines = [line1, Text(f"{llm} {rest}")]
         if len(lines[1]) > self.size.width:
@@ -174,6 +192,7 @@ STATE_STYLES = {
     "hearing": "cyan",
     "thinking": "yellow",
     "speaking": "magenta",
+    "pause": "cyan",
     "muted": "red",
     "paused": "red",
     "loading": "blue",
