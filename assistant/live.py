@@ -151,8 +151,8 @@ class LiveLoop:
                     self.endpointer.seal()
                 events = self.endpointer.feed(*block)
             for event in events:
+                self.pipeline.emit(event)  # first: a turn started for it must find it emitted
                 self._handle(event)
-                self.pipeline.emit(event)
             self._maybe_partial()
 
     def _handle(self, event: Event) -> None:

@@ -146,13 +146,15 @@ class VoicePipeline:
         self._emit_external = emit
         self.llm_model = llm_model
         self.records: list[TurnRecord] = []
-        self._events: list[Event] = []
+        self._events: list[Event] = []  # the turns in flight; emitted from several threads
+        self._events_lock = threading.Lock()
         self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
         self._transcribing: set[int] = set()  # turns whose own ASR has started
 
     def emit(self, event: Event) -> None:
         """Record an event and pass it on."""
-        self._events.append(event)
+        with self._events_lock:
+            self._events.append(event)
         if self._emit_external:
             self._emit_external(event)
 
@@ -172,8 +174,10 @@ class VoicePipeline:
         gate = gate or ReplyGate()
         turn = utterance.turn_id
         start_ns = time.monotonic_ns()
-        self._events = [e for e in self._events if e.turn_id == turn]
-        if not any(e is utterance for e in self._events):
+        self._forget_other_turns(turn)
+        with self._events_lock:
+            seen = any(e is utterance for e in self._events)
+        if not seen:
             self.emit(utterance)
         if not gate.confirmed.is_set():
             self.emit(SpeculationStarted(turn, start_ns, "asr"))
@@ -201,7 +205,7 @@ class VoicePipeline:
         Its record has no speech stages (endpointing, ASR, voice-to-voice are ``None``);
         the ``TranscriptReady`` it emits carries the typed text.
         """
-        self._events = [e for e in self._events if e.turn_id == turn]
+        self._forget_other_turns(turn)
         self.emit(TranscriptReady(turn, time.monotonic_ns(), text.strip(), 0.0))
         record = self._answer(turn, text.strip(), sink, cancel, ReplyGate(), time.monotonic_ns())
         assert record is not None  # a confirmed gate is never discarded
@@ -355,11 +359,20 @@ class VoicePipeline:
                 words.append(" ".join(parts[: int(len(parts) * (played_samples - start) / size)]))
         return " ".join(w for w in words if w)
 
+    def _snapshot(self) -> list[Event]:
+        with self._events_lock:
+            return list(self._events)
+
+    def _forget_other_turns(self, turn: int) -> None:
+        """Keep only ``turn``'s events (and later turns' already heard): earlier turns are done."""
+        with self._events_lock:
+            self._events[:] = [e for e in self._events if e.turn_id >= turn]
+
     def _finish(self, turn: int) -> TurnRecord:
         self._transcribing.discard(turn)
         record = build_record(
             turn,
-            self._events,
+            self._snapshot(),
             backend=self.dialogue.decoder.name,
             llm_model=self.llm_model,
             asr_model=self.transcriber.description,

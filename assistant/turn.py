@@ -10,6 +10,7 @@ docs/voice.md.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -104,8 +105,12 @@ def end_of_turn_policy(turn: TurnOptions, vad: VadOptions, store: ModelStore) ->
         return fixed, ""
     from assistant.smart_turn import SmartTurn, TurnModelError  # onnxruntime: only when used
 
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # One core leaves the other to ASR on a 2-core machine; where cores are plenty, 4 threads
+    # took a score from 60 to 40 ms (16-core Xeon, docs/benchmarks.md).
+    threads = 1 if cores <= 2 else min(4, cores // 2)
     try:
-        model = SmartTurn.from_store(store, turn.model)
+        model = SmartTurn.from_store(store, turn.model, threads)
         model.warm_up()
     except TurnModelError as e:
         logger.warning("turn detection unavailable: %s", e)

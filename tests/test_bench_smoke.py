@@ -52,7 +52,8 @@ def test_bench_ui_times_typed_turns_with_and_without_the_ui(tmp_path):
     assert "| pipeline only, no UI |" in out.stdout
     assert "| UI 80x24, GIL switch interval 0.2 ms |" in out.stdout
     doc = json.loads(out_json.read_text())
-    assert doc["backend"].startswith("pytorch-cpu") and "--turns 1" in doc["command"]
+    # The default backend, auto: ONNX Runtime on this CPU machine.
+    assert doc["backend"].startswith("onnxruntime-cpu") and "--turns 1" in doc["command"]
     assert len(doc["rows"]) == 2
     for row in doc["rows"].values():
         assert row["turns"] == 1 and row["ttft_ms_median"] > 0 and row["tokens_per_s_median"] > 0

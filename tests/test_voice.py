@@ -167,7 +167,10 @@ def test_live_turn_through_virtual_mic_and_speaker(pulse, question_wav, tmp_path
     (line,) = log.read_text().splitlines()
     check_record(json.loads(line))
     heard = transcribe(whisper, speech_part(read_wav(recording)))
-    assert "paris" in heard.lower(), (heard, line)
+    # Most of the reply's words come back off the speaker (espeak-ng through tiny.en: not all;
+    # "Le Grand Paris" came back as "The round part is").
+    words = {w for w in re.findall(r"[a-z]{4,}", json.loads(line)["reply"].lower())}
+    assert len(words & set(re.findall(r"[a-z]{4,}", heard.lower()))) >= len(words) / 2, (heard, line)
 
 
 def sound_bursts(audio, gap_s: float = 0.4, level: float = 1e-3) -> list[tuple[float, float]]:
