@@ -119,6 +119,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="do not start ASR and the reply during pauses (wait for the end of the turn)",
     )
     g.add_argument(
+        "--partials",
+        dest="turn.partials",
+        choices=["auto", "on", "off"],
+        help="live transcript while you speak (auto: on unless ASR runs on 2 CPU cores or fewer)",
+    )
+    g.add_argument(
         "--partial-interval-ms",
         dest="turn.partial_interval_ms",
         type=int,
@@ -301,7 +307,7 @@ def _headless(
                 return run_chat(session.dialogue)
             mic, speaker = session.mic, session.speaker
             session.mic = session.speaker = None  # run_live closes them
-            return run_live(session.pipeline, mic, speaker, session.endpointer(), settings.turn)
+            return run_live(session.pipeline, mic, speaker, session.endpointer(), session.settings_turn)
         finally:
             session.close()
     finally:

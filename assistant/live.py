@@ -85,20 +85,16 @@ class LiveLoop:
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
         self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
         self._partial_audio_ms = 0.0
+        # "auto" is resolved by the session (with_partials_resolved); here it counts as on.
+        self.partials_on = self.turn.partials != "off" and self.turn.partial_interval_ms > 0
 
     def start(self) -> None:
         """Start capturing (``stop()`` ends and joins everything)."""
         if self.mic is not None and self.endpointer is not None:
             self.mic.start()
             self.capture_thread.start()
-            if self.turn.partial_interval_ms > 0:
+            if self.partials_on:
                 self.partial_thread.start()
-
-    @property
-    def turn_cancel(self) -> threading.Event:
-        """The newest turn's cancel flag (a set dummy when there is none)."""
-        with self.floor:
-            return self.attempts[-1].cancel if self.attempts else threading.Event()
 
     def busy(self) -> bool:
         """Whether a turn is being worked on or answered."""
@@ -205,7 +201,7 @@ class LiveLoop:
         """Hand the utterance in progress to the partial-transcript thread when it is due."""
         ep = self.endpointer
         interval = self.turn.partial_interval_ms
-        if interval <= 0 or ep is None or not ep.turn_id or ep.silence_chunks or not ep.chunks:
+        if not self.partials_on or ep is None or not ep.turn_id or ep.silence_chunks or not ep.chunks:
             return
         audio_ms = 1000.0 * sum(c.size for c in ep.chunks) / 16000
         if audio_ms - self._partial_audio_ms < interval or self.partials.full():

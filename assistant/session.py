@@ -19,7 +19,7 @@ from assistant.llm import load_llm
 from assistant.pipeline import PipelineOptions, VoicePipeline
 from assistant.splitter import SentenceSplitter
 from assistant.tts import Synthesizer
-from assistant.turn import TurnOptions, describe, end_of_turn_policy
+from assistant.turn import TurnOptions, describe, end_of_turn_policy, with_partials_resolved
 from assistant.vad import EndOfTurn, Endpointer, FixedSilence, VadOptions
 from engines.progress import EngineProgress
 from models.store import ModelStore
@@ -249,7 +249,7 @@ def build_session(
         (time.monotonic_ns() - start_ns) / 1e9,
         policy,
         settings.vad,
-        settings.turn,
+        with_partials_resolved(settings.turn, transcriber.device if transcriber else "cpu"),
     )
 
 

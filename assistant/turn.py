@@ -9,6 +9,7 @@ docs/voice.md.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -36,8 +37,11 @@ class TurnOptions:
     ``speculate``: after ``speculate_after_ms`` of silence, transcribe and start the reply
     while the policy decides; nothing plays and nothing enters the history until the turn is
     confirmed, and speech that comes back discards the work.
-    ``partial_interval_ms``: how often the utterance in progress is re-transcribed for the
-    live partial transcript (0: never); it yields to the turn's own work.
+    ``partials``: re-transcribe the utterance in progress every ``partial_interval_ms`` for
+    the live transcript: ``on``, ``off``, or ``auto``: on where ASR has room (a CUDA ASR
+    device, or more than 2 cores). Whisper's encoder always runs on a 30 s window, so on 2
+    CPU cores a partial in flight when the user stops delayed the answer (+350 ms median
+    voice-to-voice, docs/benchmarks.md).
     """
 
     detection: str = "smart-turn"
@@ -48,6 +52,7 @@ class TurnOptions:
     rescore_ms: int = 300
     speculate: bool = True
     speculate_after_ms: int = 128
+    partials: str = "auto"
     partial_interval_ms: int = 700
 
     def __post_init__(self) -> None:
@@ -55,6 +60,8 @@ class TurnOptions:
             raise ValueError(f"turn detection {self.detection!r}: use one of {', '.join(DETECTIONS)}")
         if not 0 < self.pause_ms <= self.max_silence_ms:
             raise ValueError(f"turn pause_ms {self.pause_ms} must be > 0 and <= max_silence_ms")
+        if self.partials not in ("auto", "on", "off"):
+            raise ValueError(f"turn partials {self.partials!r}: use auto, on or off")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"turn threshold {self.threshold} must be within 0..1")
 
@@ -116,6 +123,15 @@ def end_of_turn_policy(turn: TurnOptions, vad: VadOptions, store: ModelStore) ->
         logger.warning("turn detection unavailable: %s", e)
         return fixed, f"turn detection off ({e}); ending turns after {vad.end_silence_ms} ms of silence"
     return SmartTurnPolicy(model, turn), ""
+
+
+def with_partials_resolved(turn: TurnOptions, asr_device: str) -> TurnOptions:
+    """``turn`` with ``partials`` made concrete (``on``/``off``) for this machine's ASR."""
+    if turn.partials != "auto":
+        return turn
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    room = asr_device == "cuda" or cores > 2
+    return dataclasses.replace(turn, partials="on" if room else "off")
 
 
 def describe(policy: EndOfTurn) -> str:

@@ -42,9 +42,9 @@ from tests.speech import read_wav, silence, trim, write_wav  # noqa: E402
 CONFIGS = {  # name -> 'assistant run' flags
     # The code before the turn-taking work (--before DIR: a checkout of it), same backend.
     "before": ["--backend", "onnxruntime"],
-    "today": "--turn-detection off --no-speculation --partial-interval-ms 0 --first-chunk-words 0".split(),
-    "new": [],
-    "new-no-partials": ["--partial-interval-ms", "0"],
+    "today": "--turn-detection off --no-speculation --partials off --first-chunk-words 0".split(),
+    "new": [],  # partials auto: off on 2 cores
+    "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
 }
 QUESTIONS = [
     "Tell me a fun fact about cats.",
@@ -79,13 +79,14 @@ STAGE_ROWS = [*(k for k in STAGES if k != V2V), "speculated_ms", "tokens_per_s",
 
 @dataclass
 class Question:
-    """One rendered question: ``keyword`` is set for the paused ones."""
+    """One rendered question: ``keyword`` and ``second_half`` are set for the paused ones."""
 
     text: str
     voice: str
     wpm: int
     wav: str
     keyword: str = ""
+    second_half: str = ""
 
 
 def synth(text: str, voice: str, wpm: int, path: Path, piper: list[str]) -> np.ndarray:
@@ -111,7 +112,7 @@ def render(i: int, folder: Path, piper: list[str]) -> Question:
         a = synth(first, voice, wpm, folder / f"q{i}a.wav", piper)
         b = synth(rest, voice, wpm, folder / f"q{i}b.wav", piper)
         speech = [a, silence(PAUSE_S), b]  # trimmed halves: the gap is exactly PAUSE_S
-        q = Question(f"{first} {rest}", voice, wpm, str(wav), keyword)
+        q = Question(f"{first} {rest}", voice, wpm, str(wav), keyword, rest)
     else:
         text = QUESTIONS[(i - i // 4) % len(QUESTIONS)]
         speech, q = [synth(text, voice, wpm, wav, piper)], Question(text, voice, wpm, str(wav))
@@ -201,15 +202,18 @@ def norm(text: str) -> str:
 def judge(q: Question, turn: dict) -> dict:
     """Was the question transcribed exactly; was a paused one cut off?
 
-    Cut off: more than one record, the second half's keyword missing from the transcript, or
-    a reply that began playing after an endpoint but before the whole question was spoken.
+    Cut off: more than one record, a reply that began playing after an endpoint but before the
+    whole question was spoken, or a transcript without most of the second half's words (not
+    just its keyword: tiny.en mishears espeak-ng's "bees" as "these" whether cut off or not).
     """
     recs, evs = turn["records"], turn["events"]
     transcript = " ".join(r["transcript"] for r in recs)
     endpoint = min((e["t_ns"] for e in evs if e["event"] == "SpeechEnded"), default=None)
     audio = [e["t_ns"] for e in evs if e["event"] == "AudioStarted"]
     early = endpoint is not None and any(endpoint < t < turn["speech_end_ns"] for t in audio)
-    cut = bool(q.keyword) and (len(recs) > 1 or q.keyword not in norm(transcript) or early)
+    rest = set(norm(q.second_half).split())
+    unheard = len(rest - set(norm(transcript).split())) > len(rest) / 2
+    cut = bool(q.keyword) and (len(recs) > 1 or unheard or early)
     exact = len(recs) == 1 and norm(transcript) == norm(q.text)
     rejoined = sum(1 for e in evs if e["event"] == "SpeechResumed" and e.get("after_endpoint"))
     return {"exact": exact, "cut_off": cut, "rejoined_after_endpoint": rejoined}
@@ -310,7 +314,7 @@ def piper_command(python: str | None) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--configs", default="today,new,new-no-partials", help=f"of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default="before,today,new,new-partials", help=f"of {', '.join(CONFIGS)}")
     parser.add_argument(
         "--before", type=Path, metavar="DIR", help="checkout of the code before (for the 'before' config)"
     )

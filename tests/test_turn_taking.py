@@ -132,6 +132,18 @@ def test_turn_options_refuse_bad_values_with_the_fix():
         TurnOptions(pause_ms=2000, max_silence_ms=1000)
 
 
+def test_partials_auto_is_off_on_two_cpu_cores_and_on_with_a_cuda_asr(monkeypatch):
+    from assistant.turn import with_partials_resolved
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert with_partials_resolved(TurnOptions(), "cpu").partials == "off"
+    assert with_partials_resolved(TurnOptions(), "cuda").partials == "on"
+    assert with_partials_resolved(TurnOptions(partials="on"), "cpu").partials == "on"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert with_partials_resolved(TurnOptions(), "cpu").partials == "on"
+    assert with_partials_resolved(TurnOptions(partials="off"), "cuda").partials == "off"
+
+
 # --- the record of a turn whose speculative work was discarded -----------------------------
 
 
@@ -316,7 +328,7 @@ async def test_partial_transcript_shows_while_the_user_speaks(pulse, audio_dir, 
     rescan_audio_devices()
     text = "Could you please tell me what the capital city of France is, and why so many people visit it?"
     wav = write_wav(audio_dir / "long.wav", np.concatenate([speak(text, audio_dir, "long"), silence(0.5)]))
-    s = settings(**{"decoder.backend": "pytorch"})
+    s = settings(**{"decoder.backend": "pytorch", "turn.partials": "on"})  # auto is off on 2 cores
     app = AssistantApp(builder(s), settings=s, gpu=False)
     seen: list[tuple[str, bool]] = []  # (the user line, whether the final transcript existed then)
 

@@ -180,7 +180,7 @@ class AssistantApp(App[int]):
         if speaker is None and self.input_wav is not None and session.synthesizer is not None:
             speaker = FileSink()  # replay without a speaker: the reply is rendered, not played
         endpointer = session.endpointer() if session.mic is not None else None
-        loop = LiveLoop(session.pipeline, session.mic, speaker, endpointer, self.emit, self.settings.turn)
+        loop = LiveLoop(session.pipeline, session.mic, speaker, endpointer, self.emit, session.settings_turn)
         loop.listening, loop.muted = self.listening, self.muted
         return loop
 
