@@ -10,7 +10,6 @@ mel bands with a 160-sample hop: a float32 ``(80, 800)`` array.
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from models.store import BUNDLED, DEFAULT_TURN, ModelStore
+from models.store import BUNDLED, DEFAULT_TURN, ModelStore, sha256_file
 
 if TYPE_CHECKING:
     from faster_whisper.feature_extractor import FeatureExtractor
@@ -70,14 +69,6 @@ def whisper_features(audio: np.ndarray) -> np.ndarray:
     return np.asarray(_extractor()(x, padding=0), np.float32)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class SmartTurn:
     """The Smart Turn v3.2 ONNX model on the CPU.
 
@@ -103,7 +94,7 @@ class SmartTurn:
 
         expected = sha256 or BUNDLED[DEFAULT_TURN].file_sha256
         try:
-            actual = _sha256(path)
+            actual = sha256_file(path)
         except OSError as e:
             raise TurnModelError(f"cannot read the end-of-turn model {path}: {e}; {FETCH_HINT}") from e
         if actual != expected:

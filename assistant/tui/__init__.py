@@ -1,5 +1,6 @@
 """The Textual terminal UI: conversation, live latency breakdown, session statistics."""
 
-from assistant.tui.app import AssistantApp, run_tui
+from assistant.tui.app import AssistantApp
+from assistant.tui.run import run_tui
 
 __all__ = ["AssistantApp", "run_tui"]

@@ -10,7 +10,6 @@ exits once the loader has closed what it opened.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections import deque
@@ -26,32 +25,17 @@ from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
 from assistant.audio import AudioSink, FileSink
 from assistant.config import Settings
 from assistant.events import (
-    AudioReady,
-    BargeIn,
     Event,
-    MicLevel,
-    PartialTranscript,
-    SpeculationConfirmed,
-    SpeculationDiscarded,
-    SpeculationStarted,
-    SpeechEnded,
-    SpeechOnset,
-    SpeechPaused,
-    SpeechResumed,
-    SpeechStarted,
-    TokenGenerated,
-    TranscriptReady,
-    TurnCancelled,
     TurnDone,
 )
-from assistant.latency import EventLog, TurnRecord, build_record, export_report
+from assistant.latency import TurnRecord, build_record, export_report
 from assistant.live import LiveLoop
 from assistant.pipeline import PipelineOptions
-from assistant.session import LoadCancelled, Progress, Session, build_session
+from assistant.session import LoadCancelled, Progress, Session
 from assistant.tui.breakdown import LatencyBreakdown
+from assistant.tui.fold import TurnFold
 from assistant.tui.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
-from assistant.tui.stderr import StderrToLog
 from assistant.tui.widgets import Conversation, SessionStats, StatusBar
 
 logger = logging.getLogger(__name__)
@@ -107,8 +91,7 @@ class AssistantApp(App[int]):
         self.session: Session | None = None
         self.loop: LiveLoop | None = None
         self.records: list[TurnRecord] = []
-        self.turn_events: dict[int, list[Event]] = {}
-        self.held: dict[int, list[str]] = {}  # reply text of turns still speculative
+        self.fold = TurnFold()
         self.listening = True
         self.muted = False
         self.barge_in = self.settings.pipeline.barge_in
@@ -265,62 +248,19 @@ class AssistantApp(App[int]):
         status, conversation = self.query_one(StatusBar), self.query_one(Conversation)
         while self._inbox:
             event = self._inbox.popleft()
-            if self._apply(event, status, conversation):
-                live = event.turn_id
-            elif isinstance(event, TurnDone):
+            if isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
+                self.turn_done(event.record)
                 live = None if live == event.turn_id else live
+            elif self.fold.apply(event, status, conversation):
+                live = event.turn_id
         conversation.flush()
         if live is not None and live in self.turn_events:
             self.query_one(LatencyBreakdown).show(self._live_record(live), done=False)
 
-    def _apply(self, event: Event, status: StatusBar, conversation: Conversation) -> bool:
-        """Fold one event; True when the running turn's breakdown changed."""
-        if isinstance(event, MicLevel):
-            status.set(level_db=event.level_db)
-            return False
-        turn = event.turn_id
-        if isinstance(event, SpeechOnset):
-            return False  # maybe a cough: the turn shows once SpeechStarted says it is speech
-        if isinstance(event, BargeIn):
-            conversation.notice(f"interrupted: reply stopped {(event.t_ns - event.onset_t_ns) / 1e6:.0f} ms")
-            return False
-        events = self.turn_events.setdefault(turn, [])
-        events.append(event)
-        if isinstance(event, SpeechStarted):
-            conversation.hearing(turn)
-            status.set(state="hearing")
-        elif isinstance(event, PartialTranscript) and turn not in self.held:
-            conversation.partial(turn, event.text)
-        elif isinstance(event, SpeechPaused):
-            status.set(state="pause")
-        elif isinstance(event, SpeechResumed):
-            status.set(state="hearing")
-        elif isinstance(event, SpeculationStarted) and event.stage == "asr":
-            self.held[turn] = []  # a speculative reply shows only once the turn is confirmed
-        elif isinstance(event, SpeculationDiscarded):
-            self.held.pop(turn, None)
-            conversation.drop_reply(turn)
-        elif isinstance(event, SpeechEnded | SpeculationConfirmed):
-            status.set(state="thinking")
-            if event.turn_id in self.held:
-                for text in self.held.pop(turn):
-                    conversation.token(turn, text)
-        elif isinstance(event, TranscriptReady):
-            conversation.user(turn, event.text)
-        elif isinstance(event, TokenGenerated):
-            if turn in self.held:
-                self.held[turn].append(event.text)
-            else:
-                conversation.token(turn, event.text)
-        elif isinstance(event, AudioReady) and event.index == 0:
-            status.set(state="speaking")
-        elif isinstance(event, TurnCancelled):
-            conversation.flush()
-            conversation.cancelled(turn, event.reason)
-        if isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
-            self.turn_done(event.record)
-            return False
-        return True
+    @property
+    def turn_events(self) -> dict[int, list[Event]]:
+        """The events so far of each turn in flight."""
+        return self.fold.turn_events
 
     def _live_record(self, turn: int) -> TurnRecord:
         return build_record(turn, self.turn_events.get(turn, []))
@@ -433,76 +373,3 @@ class AssistantApp(App[int]):
 
 def _with_barge_in(options: PipelineOptions, on: bool) -> PipelineOptions:
     return replace(options, barge_in=on)
-
-
-class _UiLogHandler(logging.Handler):
-    """Sends log records to the app's log pane (the terminal belongs to the UI)."""
-
-    def __init__(self, app: App[int]) -> None:
-        super().__init__(logging.INFO)
-        self.app = app
-        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Post the formatted record."""
-        try:
-            self.app.post_message(LogLine(self.format(record), record.levelno))
-        except Exception:  # a log line must never take the app down
-            self.handleError(record)
-
-
-def run_tui(
-    settings: Settings,
-    *,
-    input_wav: Path | None = None,
-    log_path: Path | None = None,
-    events_path: Path | None = None,
-    export_dir: Path | None = None,
-) -> int:
-    """Open the UI on the configured stages until ``q``; returns the exit status."""
-    event_log = EventLog(events_path) if events_path else None
-    app: AssistantApp
-
-    def build(emit: Callable[[Event], None], progress: Progress, cancel: threading.Event) -> Session:
-        def both(event: Event) -> None:
-            if event_log is not None and not isinstance(event, MicLevel):
-                event_log(event)
-            emit(event)
-
-        wav = input_wav is not None
-        return build_session(
-            settings,
-            asr=True if wav else None,
-            tts=True if wav else None,
-            emit=both,
-            log_path=log_path,
-            progress=progress,
-            cancel=cancel,
-        )
-
-    app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    root.handlers = [_UiLogHandler(app)]
-    root.setLevel(min(root.level, logging.INFO))
-    switch_s = sys.getswitchinterval()
-    sys.setswitchinterval(UI_SWITCH_INTERVAL_S)
-
-    # ALSA and PortAudio print to fd 2; in the log pane, not over the screen.
-    def to_log_pane(line: str) -> None:
-        app.post_message(LogLine(line, logging.WARNING))
-
-    capture = StderrToLog(to_log_pane)
-    code = 1
-    try:
-        with capture:
-            code = app.run() or 0
-        return code
-    finally:
-        app.shutdown()
-        sys.setswitchinterval(switch_s)
-        root.handlers = saved
-        if event_log is not None:
-            event_log.close()
-        if code != 0:
-            capture.replay()  # a crash's traceback went to the pipe: show it now

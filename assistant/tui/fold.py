@@ -1,0 +1,81 @@
+"""How the UI folds pipeline events into the conversation and the status bar, turn by turn."""
+
+from __future__ import annotations
+
+from assistant.events import (
+    AudioReady,
+    BargeIn,
+    Event,
+    MicLevel,
+    PartialTranscript,
+    SpeculationConfirmed,
+    SpeculationDiscarded,
+    SpeculationStarted,
+    SpeechEnded,
+    SpeechOnset,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    TokenGenerated,
+    TranscriptReady,
+    TurnCancelled,
+)
+from assistant.tui.widgets import Conversation, StatusBar
+
+
+class TurnFold:
+    """The turns in flight: their events so far, and speculative reply text held back.
+
+    A speculative reply (``SpeculationStarted``) is shown only once its turn is confirmed
+    (``SpeechEnded`` / ``SpeculationConfirmed``), and dropped if the user went on.
+    """
+
+    def __init__(self) -> None:
+        self.turn_events: dict[int, list[Event]] = {}
+        self.held: dict[int, list[str]] = {}  # reply text of turns still speculative
+
+    def apply(self, event: Event, status: StatusBar, conversation: Conversation) -> bool:
+        """Fold one event; True when the running turn's breakdown changed."""
+        if isinstance(event, MicLevel):
+            status.set(level_db=event.level_db)
+            return False
+        turn = event.turn_id
+        if isinstance(event, SpeechOnset):
+            return False  # maybe a cough: the turn shows once SpeechStarted says it is speech
+        if isinstance(event, BargeIn):
+            conversation.notice(f"interrupted: reply stopped {(event.t_ns - event.onset_t_ns) / 1e6:.0f} ms")
+            return False
+        events = self.turn_events.setdefault(turn, [])
+        events.append(event)
+        if isinstance(event, SpeechStarted):
+            conversation.hearing(turn)
+            status.set(state="hearing")
+        elif isinstance(event, PartialTranscript) and turn not in self.held:
+            conversation.partial(turn, event.text)
+        elif isinstance(event, SpeechPaused):
+            status.set(state="pause")
+        elif isinstance(event, SpeechResumed):
+            status.set(state="hearing")
+        elif isinstance(event, SpeculationStarted) and event.stage == "asr":
+            self.held[turn] = []  # a speculative reply shows only once the turn is confirmed
+        elif isinstance(event, SpeculationDiscarded):
+            self.held.pop(turn, None)
+            conversation.drop_reply(turn)
+        elif isinstance(event, SpeechEnded | SpeculationConfirmed):
+            status.set(state="thinking")
+            if event.turn_id in self.held:
+                for text in self.held.pop(turn):
+                    conversation.token(turn, text)
+        elif isinstance(event, TranscriptReady):
+            conversation.user(turn, event.text)
+        elif isinstance(event, TokenGenerated):
+            if turn in self.held:
+                self.held[turn].append(event.text)
+            else:
+                conversation.token(turn, event.text)
+        elif isinstance(event, AudioReady) and event.index == 0:
+            status.set(state="speaking")
+        elif isinstance(event, TurnCancelled):
+            conversation.flush()
+            conversation.cancelled(turn, event.reason)
+        return True

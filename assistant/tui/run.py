@@ -1,0 +1,92 @@
+"""``run_tui``: the UI on the configured stages, with logging, stderr and the GIL set for it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App
+
+from assistant.config import Settings
+from assistant.events import Event, MicLevel
+from assistant.latency import EventLog
+from assistant.session import Progress, Session, build_session
+from assistant.tui.app import UI_SWITCH_INTERVAL_S, AssistantApp
+from assistant.tui.messages import LogLine
+from assistant.tui.stderr import StderrToLog
+
+
+class _UiLogHandler(logging.Handler):
+    """Sends log records to the app's log pane (the terminal belongs to the UI)."""
+
+    def __init__(self, app: App[int]) -> None:
+        super().__init__(logging.INFO)
+        self.app = app
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Post the formatted record."""
+        try:
+            self.app.post_message(LogLine(self.format(record), record.levelno))
+        except Exception:  # a log line must never take the app down
+            self.handleError(record)
+
+
+def run_tui(
+    settings: Settings,
+    *,
+    input_wav: Path | None = None,
+    log_path: Path | None = None,
+    events_path: Path | None = None,
+    export_dir: Path | None = None,
+) -> int:
+    """Open the UI on the configured stages until ``q``; returns the exit status."""
+    event_log = EventLog(events_path) if events_path else None
+    app: AssistantApp
+
+    def build(emit: Callable[[Event], None], progress: Progress, cancel: threading.Event) -> Session:
+        def both(event: Event) -> None:
+            if event_log is not None and not isinstance(event, MicLevel):
+                event_log(event)
+            emit(event)
+
+        wav = input_wav is not None
+        return build_session(
+            settings,
+            asr=True if wav else None,
+            tts=True if wav else None,
+            emit=both,
+            log_path=log_path,
+            progress=progress,
+            cancel=cancel,
+        )
+
+    app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [_UiLogHandler(app)]
+    root.setLevel(min(root.level, logging.INFO))
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(UI_SWITCH_INTERVAL_S)
+
+    # ALSA and PortAudio print to fd 2; in the log pane, not over the screen.
+    def to_log_pane(line: str) -> None:
+        app.post_message(LogLine(line, logging.WARNING))
+
+    capture = StderrToLog(to_log_pane)
+    code = 1
+    try:
+        with capture:
+            code = app.run() or 0
+        return code
+    finally:
+        app.shutdown()
+        sys.setswitchinterval(switch_s)
+        root.handlers = saved
+        if event_log is not None:
+            event_log.close()
+        if code != 0:
+            capture.replay()  # a crash's traceback went to the pipe: show it now
