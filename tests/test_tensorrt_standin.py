@@ -14,6 +14,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from assistant import session as session_module
+from assistant.config import Settings
+from assistant.dialogue import Dialogue
+from assistant.session import Session
+from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
 from engines.onnx_export import ExportOptions, export_decoder
 from engines.onnxruntime_backend import OnnxRuntimeStep
@@ -235,3 +240,35 @@ def test_a_foreign_engine_is_incompatible(tiny, gpu):
         trt_step(tiny, trt, blob=b"not an engine")
     with pytest.raises(EngineIncompatible, match="malformed_engine"):
         trt_step(tiny, trt, flavour="tensorrt-rtx", blob=b"not an engine")
+
+
+def rtx_driver(tiny, trt, path):
+    step = trt_step(tiny, trt, flavour="tensorrt-rtx", runtime_cache=path)
+    return DecoderDriver(step, NoTokenizer(), [])
+
+
+def test_closing_the_session_closes_the_engine_and_saves_its_runtime_cache(tiny, gpu, tmp_path):
+    """Defect 5: quitting the app (``Session.close``) closes the decoder, warm-up or not."""
+    cuda, trt = gpu()
+    path = tmp_path / "runtime.bin"
+    driver = rtx_driver(tiny, trt, path)
+    driver.decode(int(np.argmax(driver.prefill(list(range(12))))))
+    session = Session(dialogue=Dialogue(driver, NoTokenizer(), "", GenerationOptions()), pipeline=None)
+    session.close()
+    assert path.is_file() and cuda.live() == {"device": 0, "pinned": 0, "streams": 0, "graphs": 0}
+    session.close()  # idempotent
+
+
+def test_a_failed_session_load_closes_the_loaded_engine(tiny, gpu, tmp_path, monkeypatch):
+    """Defect 5: a load that fails after the decoder loaded (here its warm-up) releases it."""
+    cuda, trt = gpu()
+    driver = rtx_driver(tiny, trt, tmp_path / "runtime.bin")
+    monkeypatch.setattr(session_module, "load_llm", lambda *a, **k: (driver, NoTokenizer()))
+
+    def broken_warm_up(self):
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(Dialogue, "warm_up", broken_warm_up)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        session_module.build_session(Settings(), devices=False, asr=False, tts=False)
+    assert cuda.live() == {"device": 0, "pinned": 0, "streams": 0, "graphs": 0}
