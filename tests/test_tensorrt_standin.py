@@ -20,7 +20,7 @@ from assistant.dialogue import Dialogue
 from assistant.session import Session
 from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
-from engines.onnx_export import ExportOptions, export_decoder
+from engines.onnx_export import INPUT_IDS, POSITION_IDS, ExportOptions, export_decoder
 from engines.onnxruntime_backend import OnnxRuntimeStep
 from engines.tensorrt import cuda_mem
 from engines.tensorrt.flavour import Flavour
@@ -272,3 +272,42 @@ def test_a_failed_session_load_closes_the_loaded_engine(tiny, gpu, tmp_path, mon
     with pytest.raises(RuntimeError, match="warm-up failed"):
         session_module.build_session(Settings(), devices=False, asr=False, tts=False)
     assert cuda.live() == {"device": 0, "pinned": 0, "streams": 0, "graphs": 0}
+
+
+class IInt8EntropyCalibrator2:
+    """Full TensorRT 10's calibrator base (absent from TensorRT-RTX and TensorRT 11)."""
+
+    def __init__(self):
+        pass
+
+
+def test_int8_build_frees_the_calibrators_gpu_buffers(tiny, gpu, tmp_path, monkeypatch):
+    """Defect 9: the calibrator's device buffers are released after the build (or its failure)."""
+    from engines.tensorrt import builder, calibration
+
+    folder, _, path, _ = tiny
+    cuda, trt = gpu()
+    trt.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
+    monkeypatch.setattr(calibration, "cudart", lambda: cuda)
+    monkeypatch.setattr(builder, "load_flavour", lambda name: Flavour("tensorrt", trt, "stand-in"))
+    batches = []
+
+    def fake_build(*args):
+        calibrator = args[-1]
+        while (
+            pointers := calibrator.get_batch([INPUT_IDS, POSITION_IDS, "past_key_values.0.key"])
+        ) is not None:
+            batches.append(cuda.device_view(pointers[0], 8 * calibrator.length_tokens).view(np.int64).copy())
+        return b"stand-in engine"
+
+    monkeypatch.setattr(builder, "_build", fake_build)
+    exported = export_decoder(folder, ExportOptions(dtype="fp32"))
+    options = EngineOptions(flavour="tensorrt", precision="int8", prefill_opt_tokens=8)
+    gpu_facts = cuda_mem.GpuInfo("stand-in", (9, 0), 8 << 30)
+    ids = [list(range(i, i + 12)) for i in range(3)]
+    built = builder.build_engine(
+        exported, options, tmp_path, flavour_name="tensorrt", calibration_ids=ids, gpu=gpu_facts
+    )
+    assert built.path.read_bytes() == b"stand-in engine"
+    assert [b.tolist() for b in batches][0] == list(range(8))  # the snippets reached the device
+    assert cuda.live()["device"] == 0
