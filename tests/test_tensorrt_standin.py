@@ -149,6 +149,7 @@ def test_identical_conversations_replay_every_decode_graph(tiny, gpu, reference)
     assert_matches(conversation(driver), reference)
     assert cuda.counts["graph_capture"] == captured  # nothing new to capture
     assert cuda.counts["graph_launch"] - launched == 4 * 5  # every decode step of the 4 turns
+    assert step.graphs is not None and step.graphs.replays == cuda.counts["graph_launch"]
 
 
 @pytest.mark.parametrize("failure", ["execute", "invalidate"])

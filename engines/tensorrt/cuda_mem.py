@@ -160,6 +160,7 @@ class GraphCache:
         self.stream = stream
         self.max_graphs = max_graphs
         self.graphs: dict[Any, tuple[Any, Any]] = {}
+        self.replays = 0  # launches of a captured graph, for tests and diagnostics
 
     def launch(self, key: Any) -> bool:
         """Replay the graph of ``key`` if captured; ``False`` when there is none."""
@@ -167,6 +168,7 @@ class GraphCache:
         if entry is None:
             return False
         self.graphs[key] = entry  # most recently used last
+        self.replays += 1
         check(cudart().cudaGraphLaunch(entry[1], self.stream.stream), "cudaGraphLaunch")
         return True
 

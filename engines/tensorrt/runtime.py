@@ -8,9 +8,11 @@ context of the prefill profile (prompts longer than its maximum go in chunks), d
 context of the decode profile when the engine has one (else on the prefill context). Only
 the last token's logits come back to the host.
 
-Nothing here ran on this project's machines: TensorRT-RTX refuses the H200 (compute
-capability 9.0) and full TensorRT is not installable there (``docs/engines.md``). The
-``gpu_tensorrt`` tests exercise it on a machine that has TensorRT and a supported GPU.
+No real engine ran this on the project's machines: TensorRT-RTX refuses the H200 (compute
+capability 9.0) and full TensorRT is not installable there (``docs/engines.md``). CI runs it
+against a CPU stand-in of the TensorRT and CUDA calls that executes the ONNX export
+(``tests/trt_standin.py``); the ``gpu_tensorrt`` tests exercise it on a machine that has
+TensorRT and a supported GPU.
 """
 
 from __future__ import annotations
