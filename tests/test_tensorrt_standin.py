@@ -115,7 +115,7 @@ def assert_matches(got, reference):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("lag", ["none", "full"])
+@pytest.mark.parametrize("lag", ["none", "random", "full"])
 @pytest.mark.parametrize("graphs", [False, True])
 def test_runtime_gives_the_onnxruntime_tokens(tiny, gpu, reference, lag, graphs):
     """Prefill, chunked prefill, decode, prefix cut (and graph replays), on an eager or lagging GPU."""
@@ -128,6 +128,27 @@ def test_runtime_gives_the_onnxruntime_tokens(tiny, gpu, reference, lag, graphs)
         assert cuda.counts["graph_launch"] > 0
     step.close()
     assert cuda.live() == {"device": 0, "pinned": 0, "streams": 0, "graphs": 0}
+
+
+def test_fp16_engine_gives_the_onnxruntime_fp16_tokens(tiny, gpu):
+    """The fp16 graph TensorRT builds from: half-precision KV buffers, 2-byte rows, same tokens.
+
+    The profile takes every prompt whole, so both sides run the same shapes (exact logits)."""
+    folder, config, _, _ = tiny
+    path = export_decoder(folder, ExportOptions(dtype="fp16")).path
+    whole = EngineOptions(prefill_opt_tokens=16, prefill_max_tokens=128, context_opt_tokens=64)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = conversation(
+        DecoderDriver(OnnxRuntimeStep(session, config, CAPACITY, "fp16"), NoTokenizer(), [])
+    )
+    cuda, trt = gpu(lag="full")
+    blob = trt_standin.engine_blob(path, whole, decode_profile=True)
+    step = trt_step(tiny, trt, blob=blob, cuda_graphs=True)
+    assert step.np_dtype == np.float16 and step.row_bytes == config.head_dim * 2
+    driver = DecoderDriver(step, NoTokenizer(), [])
+    assert_matches(conversation(driver), expected)
+    assert_matches(conversation(driver), expected)
+    step.close()
 
 
 def test_chunked_prefill_gives_each_queued_copy_its_own_host_bytes(tiny, gpu, reference):
