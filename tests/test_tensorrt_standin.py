@@ -333,3 +333,14 @@ def test_int8_build_frees_the_calibrators_gpu_buffers(tiny, gpu, tmp_path, monke
     assert built.path.read_bytes() == b"stand-in engine"
     assert [b.tolist() for b in batches][0] == list(range(8))  # the snippets reached the device
     assert cuda.live()["device"] == 0
+
+
+def test_a_refused_runtime_cache_is_reported_and_not_saved(tiny, gpu, tmp_path, caplog):
+    """Defect 8 (RTX): ``set_runtime_cache`` returning False is a warning, not a silent loss."""
+    cuda, trt = gpu(fail_calls=("set_runtime_cache",))
+    path = tmp_path / "runtime.bin"
+    step = trt_step(tiny, trt, flavour="tensorrt-rtx", runtime_cache=path)
+    assert not step.handle.attached and "refused set_runtime_cache" in caplog.text
+    step.forward([1, 2, 3], 0)
+    step.close()
+    assert not path.exists()

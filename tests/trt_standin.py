@@ -128,7 +128,8 @@ class IRuntimeCache:
 
 
 class IRuntimeConfig:
-    def __init__(self) -> None:
+    def __init__(self, fail_calls: set[str] | None = None) -> None:
+        self.fail_calls = fail_calls or set()
         self.cache: IRuntimeCache | None = None
         self.cuda_graph_strategy = CudaGraphStrategy.DISABLED
 
@@ -136,6 +137,8 @@ class IRuntimeConfig:
         return IRuntimeCache()
 
     def set_runtime_cache(self, cache: IRuntimeCache) -> bool:
+        if "set_runtime_cache" in self.fail_calls:
+            return False
         self.cache = cache
         return True
 
@@ -169,7 +172,7 @@ class ICudaEngine:
         return IExecutionContext(self, runtime_config)
 
     def create_runtime_config(self) -> IRuntimeConfig:
-        return IRuntimeConfig()
+        return IRuntimeConfig(self.trt.fail_calls)
 
 
 class IExecutionContext:

@@ -102,7 +102,11 @@ class TensorRTStep:
         self.runtime_cache_file = runtime_cache
         blob = cache.load_blob(runtime_cache, "runtime") if runtime_cache else None
         self.handle = runtime_config(flavour, self.engine, blob, cuda_graphs)
-        if self.handle is not None and blob and not self.handle.loaded:
+        if self.handle is not None and not self.handle.attached:
+            logger.warning(
+                "TensorRT-RTX refused set_runtime_cache: kernels compiled in this run are not kept"
+            )
+        elif self.handle is not None and blob and not self.handle.loaded:
             logger.warning(
                 "TensorRT-RTX rejected the runtime cache %s (other version, GPU or driver)", runtime_cache
             )
@@ -292,7 +296,7 @@ class TensorRTStep:
 
     def save_runtime_cache(self) -> None:
         """Persist the TensorRT-RTX runtime cache (kernels JIT-compiled so far)."""
-        if self.handle is not None and self.runtime_cache_file is not None:
+        if self.handle is not None and self.handle.attached and self.runtime_cache_file is not None:
             cache.save_blob(self.runtime_cache_file, self.handle.serialize(), "runtime")
 
     def close(self) -> None:
