@@ -247,14 +247,17 @@ def _verify(args: argparse.Namespace, settings: Settings) -> int:
             capacity_tokens=settings.decoder.context_tokens, progress=None,
         )  # fmt: skip
         engine_path = getattr(candidate.step, "engine_path", None)
-    reference = load_torch_decoder(model_dir, tokenizer, TorchBackendOptions(device="cpu", dtype="fp32"))
-    report = verify_decoder(
-        candidate,
-        reference,
-        tokenizer,
-        max_new_tokens=args.verify_tokens,
-        system_prompt=settings.dialogue.system_prompt,
-    )
+    try:
+        reference = load_torch_decoder(model_dir, tokenizer, TorchBackendOptions(device="cpu", dtype="fp32"))
+        report = verify_decoder(
+            candidate,
+            reference,
+            tokenizer,
+            max_new_tokens=args.verify_tokens,
+            system_prompt=settings.dialogue.system_prompt,
+        )
+    finally:
+        candidate.close()  # frees the engine and saves its runtime cache
     for r in report.results:
         print(
             f"{r.token_agreement:6.1%} agree  err {r.max_logits_rel_err:.2e}  "

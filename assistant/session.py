@@ -133,12 +133,23 @@ class Session:
         )
 
     def close(self) -> None:
-        """Release the devices and the TTS owner thread."""
+        """Release the devices, the TTS owner thread and the decoder (idempotent).
+
+        Closing the decoder frees a TensorRT engine's GPU memory and saves its TensorRT-RTX
+        runtime cache, also when warm-up was off.
+        """
         for stage in (self.mic, self.speaker, self.synthesizer):
             if stage is not None:
                 stage.close()
         self.mic = self.speaker = None
         self.synthesizer = None
+        _close_decoder(self.dialogue.decoder)
+
+
+def _close_decoder(decoder: object) -> None:
+    close = getattr(decoder, "close", None)  # DecoderDriver has one; test doubles may not
+    if close is not None:
+        close()
 
 
 def open_audio(settings: Settings) -> tuple[Microphone | None, Speaker | None, str]:
@@ -179,7 +190,7 @@ def build_session(
             raise LoadCancelled(f"cancelled while {text}")
         progress(text, fraction)
 
-    mic = speaker = synthesizer = None
+    mic = speaker = synthesizer = decoder = None
     policy: EndOfTurn | None = None
     notices: list[str] = []
     if devices:
@@ -223,6 +234,7 @@ def build_session(
         for stage in (mic, speaker, synthesizer):
             if stage is not None:
                 stage.close()
+        _close_decoder(decoder)
         if cancel is not None and cancel.is_set() and not isinstance(e, LoadCancelled):
             raise LoadCancelled(f"cancelled ({e})") from e  # e.g. the engine build it stopped
         raise

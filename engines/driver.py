@@ -132,6 +132,16 @@ class DecoderDriver:
         """Forget the cached prefix (the cache memory itself is reused)."""
         self.cached_ids = []
 
+    def close(self) -> None:
+        """Release the step's resources (idempotent).
+
+        A TensorRT step frees its GPU memory and saves the TensorRT-RTX runtime cache (the
+        kernels compiled while the app ran), so the next start does not compile them again.
+        """
+        close = getattr(self.step, "close", None)
+        if close is not None:
+            close()
+
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold ``prompt_ids``; return the last token's logits.
 

@@ -228,9 +228,13 @@ def build_engine(
         cache_path = caches_dir / f"calibration-{identity['onnx_sha256'][:16]}-{sample_sha}.bin"
         length = min(options.prefill_opt_tokens, CALIBRATION_TOKENS)
         calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
-    serialized = _build(
-        flavour, exported, options, targets, strongly_typed, gpu, caches_dir, progress, cancel, calibrator
-    )
+    try:
+        serialized = _build(
+            flavour, exported, options, targets, strongly_typed, gpu, caches_dir, progress, cancel, calibrator
+        )
+    finally:
+        if calibrator is not None:
+            calibrator.free()  # its device buffers
     build_s = time.monotonic() - start
     emit(progress, "save", f"writing {folder}")
     record = {

@@ -78,6 +78,8 @@ def pack(ids: list[list[int]], length_tokens: int) -> list[list[int]]:
 def make_calibrator(trt: Any, ids: list[list[int]], cache_path: Path, length_tokens: int) -> Any:
     """An ``IInt8EntropyCalibrator2`` of ``trt`` feeding packed snippets at ``length_tokens``.
 
+    It holds GPU buffers until its ``free()`` (the builder calls it after the build).
+
     Raises:
         ValueError: The snippets do not fill one chunk.
     """
@@ -95,11 +97,16 @@ def make_calibrator(trt: Any, ids: list[list[int]], cache_path: Path, length_tok
             self.empty = DeviceBuffer(256)  # zero-length past tensors still need an address
             _upload(self.positions.ptr, np.arange(length_tokens, dtype=np.int64))
 
+        def free(self) -> None:
+            """Release the device buffers (idempotent)."""
+            for buffer in (self.ids, self.positions, self.empty):
+                buffer.free()
+
         def get_batch_size(self) -> int:
             return 1
 
         def get_batch(self, names: list[str]) -> list[int] | None:
-            if self.index >= len(chunks):
+            if self.index >= len(chunks) or not self.ids.ptr:
                 return None
             _upload(self.ids.ptr, np.asarray(chunks[self.index], dtype=np.int64))
             self.index += 1

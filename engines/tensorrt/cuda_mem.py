@@ -7,6 +7,7 @@ naming the call.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,11 +90,23 @@ class PinnedArray:
         self.nbytes = max(count, 1) * self.dtype.itemsize
         self.ptr = int(check(cudart().cudaMallocHost(self.nbytes), "cudaMallocHost"))
         raw = memoryview((ctypes.c_byte * self.nbytes).from_address(self.ptr)).cast("B")
-        self.array = np.frombuffer(raw, dtype=self.dtype, count=max(count, 1))
+        self._array: np.ndarray | None = np.frombuffer(raw, dtype=self.dtype, count=max(count, 1))
+
+    @property
+    def array(self) -> np.ndarray:
+        """The memory as numpy; gone with :meth:`free` (it would point at released pages).
+
+        Raises:
+            ValueError: The memory was freed.
+        """
+        if self._array is None:
+            raise ValueError(f"pinned array of {self.nbytes} bytes used after it was freed")
+        return self._array
 
     def free(self) -> None:
-        """Release the memory (idempotent)."""
+        """Release the memory (idempotent); :attr:`array` is unusable afterwards."""
         if self.ptr:
+            self._array = None
             check(cudart().cudaFreeHost(self.ptr), "cudaFreeHost")
             self.ptr = 0
 
@@ -147,6 +160,7 @@ class GraphCache:
         self.stream = stream
         self.max_graphs = max_graphs
         self.graphs: dict[Any, tuple[Any, Any]] = {}
+        self.replays = 0  # launches of a captured graph, for tests and diagnostics
 
     def launch(self, key: Any) -> bool:
         """Replay the graph of ``key`` if captured; ``False`` when there is none."""
@@ -154,22 +168,43 @@ class GraphCache:
         if entry is None:
             return False
         self.graphs[key] = entry  # most recently used last
+        self.replays += 1
         check(cudart().cudaGraphLaunch(entry[1], self.stream.stream), "cudaGraphLaunch")
         return True
 
-    def capture(self, key: Any, enqueue: Any) -> None:
-        """Record what ``enqueue()`` puts on the stream as the graph of ``key`` (not run now)."""
+    def capture(self, key: Any, enqueue: Callable[[], bool]) -> bool:
+        """Record what ``enqueue()`` puts on the stream as the graph of ``key`` (not run now).
+
+        Returns False, keeping nothing, when the capture failed: ``enqueue()`` returned False
+        (TensorRT could not enqueue while capturing) or CUDA invalidated the capture. The
+        stream is usable afterwards; what ran before the capture is unaffected.
+        """
         rt = cudart()
+        ok = rt.cudaError_t.cudaSuccess
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         check(rt.cudaStreamBeginCapture(self.stream.stream, mode), "cudaStreamBeginCapture")
+        enqueued = False
         try:
-            enqueue()
+            enqueued = bool(enqueue())
         finally:
-            graph = check(rt.cudaStreamEndCapture(self.stream.stream), "cudaStreamEndCapture")
-        exec_graph = check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+            status, graph = rt.cudaStreamEndCapture(self.stream.stream)
+            if status != ok or not enqueued:
+                if status == ok and graph is not None:
+                    check(rt.cudaGraphDestroy(graph), "cudaGraphDestroy")
+                graph = None
+        if graph is None:
+            return False
+        status, exec_graph = rt.cudaGraphInstantiate(graph, 0)
+        if status != ok:
+            check(rt.cudaGraphDestroy(graph), "cudaGraphDestroy")
+            return False
+        old = self.graphs.pop(key, None)
+        if old is not None:
+            self._destroy(old)
         self.graphs[key] = (graph, exec_graph)
         while len(self.graphs) > self.max_graphs:
             self._destroy(self.graphs.pop(next(iter(self.graphs))))
+        return True
 
     def _destroy(self, entry: tuple[Any, Any]) -> None:
         rt = cudart()

@@ -180,6 +180,7 @@ def runtime_config(flavour: Flavour, engine: Any, runtime_cache_blob: bytes | No
 
     The runtime cache is loaded from ``runtime_cache_blob`` when TensorRT-RTX accepts it (it
     checks version, GPU and driver itself); otherwise it starts empty and ``loaded`` is False.
+    ``attached`` is False when the config refused the cache (nothing compiled is then kept).
     """
     if not flavour.is_rtx:
         return None
@@ -187,10 +188,10 @@ def runtime_config(flavour: Flavour, engine: Any, runtime_cache_blob: bytes | No
     config = engine.create_runtime_config()
     cache = config.create_runtime_cache()
     loaded = bool(runtime_cache_blob) and bool(cache.deserialize(runtime_cache_blob))
-    config.set_runtime_cache(cache)
+    attached = bool(config.set_runtime_cache(cache))
     strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if cuda_graphs else trt.CudaGraphStrategy.DISABLED
     config.cuda_graph_strategy = strategy
-    return RuntimeCacheHandle(cache, config, loaded)
+    return RuntimeCacheHandle(cache, config, loaded and attached, attached)
 
 
 def create_context(engine: Any, handle: RuntimeCacheHandle | None) -> Any:
@@ -202,11 +203,15 @@ def create_context(engine: Any, handle: RuntimeCacheHandle | None) -> Any:
 
 @dataclass
 class RuntimeCacheHandle:
-    """A TensorRT-RTX runtime config and cache in use, and whether the saved cache loaded."""
+    """A TensorRT-RTX runtime config and cache in use, and whether the saved cache loaded.
+
+    ``attached`` is False when the config refused the cache (then nothing is saved).
+    """
 
     cache: Any
     config: Any
     loaded: bool
+    attached: bool = True
 
     def serialize(self) -> bytes:
         """The cache's current contents (kernels JIT-compiled so far)."""

@@ -8,9 +8,11 @@ context of the prefill profile (prompts longer than its maximum go in chunks), d
 context of the decode profile when the engine has one (else on the prefill context). Only
 the last token's logits come back to the host.
 
-Nothing here ran on this project's machines: TensorRT-RTX refuses the H200 (compute
-capability 9.0) and full TensorRT is not installable there (``docs/engines.md``). The
-``gpu_tensorrt`` tests exercise it on a machine that has TensorRT and a supported GPU.
+No real engine ran this on the project's machines: TensorRT-RTX refuses the H200 (compute
+capability 9.0) and full TensorRT is not installable there (``docs/engines.md``). CI runs it
+against a CPU stand-in of the TensorRT and CUDA calls that executes the ONNX export
+(``tests/trt_standin.py``); the ``gpu_tensorrt`` tests exercise it on a machine that has
+TensorRT and a supported GPU.
 """
 
 from __future__ import annotations
@@ -100,35 +102,72 @@ class TensorRTStep:
         self.runtime_cache_file = runtime_cache
         blob = cache.load_blob(runtime_cache, "runtime") if runtime_cache else None
         self.handle = runtime_config(flavour, self.engine, blob, cuda_graphs)
-        if self.handle is not None and blob and not self.handle.loaded:
+        if self.handle is not None and not self.handle.attached:
+            logger.warning(
+                "TensorRT-RTX refused set_runtime_cache: kernels compiled in this run are not kept"
+            )
+        elif self.handle is not None and blob and not self.handle.loaded:
             logger.warning(
                 "TensorRT-RTX rejected the runtime cache %s (other version, GPU or driver)", runtime_cache
             )
-        self.stream = Stream()
-        self.contexts = []
-        for profile in range(profiles):
-            context = create_context(self.engine, self.handle)
-            if context is None:
-                raise EngineRuntimeError("TensorRT could not create an execution context (GPU memory?)")
-            context.set_optimization_profile_async(profile, self.stream.handle)
-            self.contexts.append(context)
         self.np_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.past_names[0])))
         self.row_bytes = config.head_dim * self.np_dtype.itemsize  # one position of one head
-        per_tensor = config.num_kv_heads * self.capacity_tokens * self.row_bytes
-        self.kv = [[DeviceBuffer(per_tensor) for _ in self.past_names] for _ in range(2)]
-        self.ids = DeviceBuffer(self.capacity_tokens * 8)
-        self.positions = DeviceBuffer(self.capacity_tokens * 8)
-        self.logits = DeviceBuffer(config.vocab_size * 4)
-        self.host_ids = PinnedArray(self.capacity_tokens, np.int64)
-        self.host_positions = PinnedArray(self.capacity_tokens, np.int64)
-        self.host_logits = PinnedArray(config.vocab_size, np.float32)
-        # Full TensorRT: our own capture per decode shape. RTX: its built-in strategy instead.
-        self.graphs = GraphCache(self.stream) if cuda_graphs and not flavour.is_rtx else None
         self.current = 0  # buffer set holding the cache
         self.length_tokens = 0
         self.warmup_ms: float | None = None
         self.engine_path: Path | None = None  # set by the loader; the verify gate marks it
+        self.closed = False
+        # Everything below holds GPU resources: a failure half-way releases what was made.
+        self.contexts: list[Any] = []
+        self.kv: list[list[DeviceBuffer]] = [[], []]
+        self.buffers: list[DeviceBuffer] = []
+        self.pinned: list[PinnedArray] = []
+        self.graphs: GraphCache | None = None
+        self.capturing = cuda_graphs  # False after a capture failed
+        self.stream = Stream()
+        try:
+            self._allocate(profiles, cuda_graphs)
+        except BaseException:
+            self._release()
+            raise
+
+    def _allocate(self, profiles: int, cuda_graphs: bool) -> None:
+        config = self.config
+        for profile in range(profiles):
+            context = create_context(self.engine, self.handle)
+            if context is None:
+                raise EngineRuntimeError("TensorRT could not create an execution context (GPU memory?)")
+            self.contexts.append(context)
+            if not context.set_optimization_profile_async(profile, self.stream.handle):
+                raise EngineRuntimeError(
+                    f"TensorRT refused set_optimization_profile_async({profile}) "
+                    f"(the engine has {profiles} profile(s))"
+                )
+        per_tensor = config.num_kv_heads * self.capacity_tokens * self.row_bytes
+        for buffers in self.kv:
+            for _ in self.past_names:
+                buffers.append(DeviceBuffer(per_tensor))
+        self.ids = self._device(self.capacity_tokens * 8)
+        self.positions = self._device(self.capacity_tokens * 8)
+        self.logits = self._device(config.vocab_size * 4)
+        # Pinned, one slot per cache position: the chunks of a long prompt each have their own
+        # host bytes, so none is rewritten before its queued copy ran.
+        self.host_ids = self._host(self.capacity_tokens, np.int64)
+        self.host_positions = self._host(self.capacity_tokens, np.int64)
+        self.host_logits = self._host(config.vocab_size, np.float32)
+        # Full TensorRT: our own capture per decode shape. RTX: its built-in strategy instead.
+        self.graphs = GraphCache(self.stream) if cuda_graphs and not self.flavour.is_rtx else None
         self.stream.synchronize()
+
+    def _device(self, nbytes: int) -> DeviceBuffer:
+        buffer = DeviceBuffer(nbytes)
+        self.buffers.append(buffer)
+        return buffer
+
+    def _host(self, count: int, dtype: type) -> PinnedArray:
+        pinned = PinnedArray(count, dtype)
+        self.pinned.append(pinned)
+        return pinned
 
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
         """Run ``token_ids`` at ``start_pos`` and return the last token's fp32 logits.
@@ -137,6 +176,8 @@ class TensorRTStep:
             ValueError: ``start_pos`` is beyond the cached positions, or the cache would overflow.
             EngineRuntimeError: TensorRT failed to enqueue the step.
         """
+        if self.closed:
+            raise EngineRuntimeError(f"{self.name}: the engine was closed")
         count = len(token_ids)
         if count == 0 or start_pos > self.length_tokens or start_pos + count > self.capacity_tokens:
             raise ValueError(
@@ -168,37 +209,65 @@ class TensorRTStep:
 
     def _run(self, ids: list[int]) -> None:
         count, past = len(ids), self.length_tokens
-        self.host_ids.array[:count] = ids
-        self.host_positions.array[:count] = np.arange(past, past + count)
-        self.stream.copy(self.ids.ptr, self.host_ids.ptr, count * 8, "h2d")
-        self.stream.copy(self.positions.ptr, self.host_positions.ptr, count * 8, "h2d")
-        key = (past, self.current)
-        if self.graphs is not None and count == 1 and self.graphs.launch(key):
+        graph_step = self.graphs is not None and count == 1
+        if graph_step and self.current != past % 2:
+            # A decode graph binds fixed buffers: the one at ``past`` reads set ``past % 2``.
+            # Moving the cache there (once per turn at most) lets every conversation replay the
+            # graphs of the positions it reaches, whatever ran before.
+            self._truncate(past)
+        # Each chunk of a long prompt writes its own slots (positions past...): a copy still
+        # queued for an earlier chunk reads bytes nothing overwrote. ``forward`` synchronises
+        # before returning, so the next call may reuse them.
+        host_ids = self.host_ids.array[past : past + count]
+        host_positions = self.host_positions.array[past : past + count]
+        host_ids[:] = ids
+        host_positions[:] = np.arange(past, past + count)
+        self.stream.copy(self.ids.ptr, self.host_ids.ptr + past * 8, count * 8, "h2d")
+        self.stream.copy(self.positions.ptr, self.host_positions.ptr + past * 8, count * 8, "h2d")
+        if graph_step and self.graphs is not None and self.graphs.launch(past):
             self._advance(count)
             return
         context = self.contexts[DECODE if count == 1 and len(self.contexts) == 2 else PREFILL]
         self._bind(context, count, past)
         if not context.execute_async_v3(self.stream.handle):
             raise EngineRuntimeError(f"execute_async_v3 failed ({count} tokens at {past})")
-        if self.graphs is not None and count == 1:
+        if graph_step and self.graphs is not None and self.capturing:
             # Captured after a normal run of this shape, as TensorRT requires; replayed when
-            # the same position and buffer set come back.
-            self.graphs.capture(key, lambda: context.execute_async_v3(self.stream.handle))
+            # the position comes back (with the same buffer set, see above).
+            if not self.graphs.capture(past, lambda: context.execute_async_v3(self.stream.handle)):
+                self.capturing = False
+                logger.warning(
+                    "%s: CUDA graph capture failed at position %d; decoding without new graphs",
+                    self.name, past,
+                )  # fmt: skip
         self._advance(count)
 
     def _bind(self, context: Any, count: int, past: int) -> None:
         shape_past = (1, self.config.num_kv_heads, past, self.config.head_dim)
-        context.set_input_shape(INPUT_IDS, (1, count))
-        context.set_input_shape(POSITION_IDS, (1, count))
-        context.set_tensor_address(INPUT_IDS, self.ids.ptr)
-        context.set_tensor_address(POSITION_IDS, self.positions.ptr)
+        self._shape(context, INPUT_IDS, (1, count))
+        self._shape(context, POSITION_IDS, (1, count))
+        self._address(context, INPUT_IDS, self.ids.ptr)
+        self._address(context, POSITION_IDS, self.positions.ptr)
         current, spare = self.kv[self.current], self.kv[1 - self.current]
         for name, buffer in zip(self.past_names, current, strict=True):
-            context.set_input_shape(name, shape_past)
-            context.set_tensor_address(name, buffer.ptr)
+            self._shape(context, name, shape_past)
+            self._address(context, name, buffer.ptr)
         for name, buffer in zip(self.present_names, spare, strict=True):
-            context.set_tensor_address(name, buffer.ptr)
-        context.set_tensor_address(LAST_LOGITS, self.logits.ptr)
+            self._address(context, name, buffer.ptr)
+        self._address(context, LAST_LOGITS, self.logits.ptr)
+
+    def _shape(self, context: Any, name: str, shape: tuple[int, ...]) -> None:
+        if not context.set_input_shape(name, shape):
+            raise EngineRuntimeError(
+                f"TensorRT refused set_input_shape({name}, {shape}): outside the engine's "
+                "optimization profile (its errors are logged above)"
+            )
+
+    def _address(self, context: Any, name: str, ptr: int) -> None:
+        if not context.set_tensor_address(name, ptr):
+            raise EngineRuntimeError(
+                f"TensorRT refused set_tensor_address({name}, {ptr:#x}) (its errors are logged above)"
+            )
 
     def _advance(self, count: int) -> None:
         self.current, self.length_tokens = 1 - self.current, self.length_tokens + count
@@ -227,17 +296,26 @@ class TensorRTStep:
 
     def save_runtime_cache(self) -> None:
         """Persist the TensorRT-RTX runtime cache (kernels JIT-compiled so far)."""
-        if self.handle is not None and self.runtime_cache_file is not None:
+        if self.handle is not None and self.handle.attached and self.runtime_cache_file is not None:
             cache.save_blob(self.runtime_cache_file, self.handle.serialize(), "runtime")
 
     def close(self) -> None:
-        """Save the runtime cache and release GPU memory, graphs and the stream."""
-        self.save_runtime_cache()
+        """Save the runtime cache and release GPU memory, graphs and the stream (idempotent)."""
+        if self.closed:
+            return
+        try:
+            self.save_runtime_cache()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Free whatever GPU resources exist (also those of a half-finished ``__init__``)."""
+        self.closed = True
         if self.graphs is not None:
             self.graphs.clear()
-        for buffer in [*self.kv[0], *self.kv[1], self.ids, self.positions, self.logits]:
+        for buffer in [*self.kv[0], *self.kv[1], *self.buffers]:
             buffer.free()
-        for pinned in (self.host_ids, self.host_positions, self.host_logits):
+        for pinned in self.pinned:
             pinned.free()
         self.contexts.clear()
         self.stream.destroy()
