@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -211,9 +212,18 @@ def _bench(argv: list[str]) -> int:
     return int(module.main(argv))
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{"section.key": "--flag"}`` for every setting that has a flag (for error messages)."""
+    return {
+        a.dest: max(a.option_strings, key=len)
+        for a in parser._actions  # argparse has no public list of a parser's arguments
+        if "." in a.dest and a.option_strings
+    }
+
+
+def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if "." in k}
-    return load_settings(getattr(args, "config", None), overrides=overrides)
+    return load_settings(getattr(args, "config", None), overrides=overrides, flags=flags)
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
@@ -332,11 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
         return _bench(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(getattr(args, "verbose", 0), 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        settings = _settings(args)
+        flags = flag_names(parser)
+        settings = _settings(args, flags)
         if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
             from assistant.llm import resolve_auto_backend
 
