@@ -226,6 +226,14 @@ def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
     return load_settings(getattr(args, "config", None), overrides=overrides, flags=flags)
 
 
+def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
+    """Refuse a context too small for the prompt, with the tokenizer only (no model loads)."""
+    from assistant.llm import load_tokenizer, resolve_llm_dir
+    from assistant.preflight import check_context
+
+    check_context(settings, load_tokenizer(resolve_llm_dir(settings.models)), flags)
+
+
 def _models(args: argparse.Namespace, settings: Settings) -> int:
     store = ModelStore(settings.models.store_dir)
     if args.models_command == "fetch":
@@ -349,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         flags = flag_names(parser)
         settings = _settings(args, flags)
+        if args.command in (None, "chat", "run"):
+            _check_context(settings, flags)
         if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
             from assistant.llm import resolve_auto_backend
 
