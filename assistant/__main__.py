@@ -226,6 +226,30 @@ def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
     return load_settings(getattr(args, "config", None), overrides=overrides, flags=flags)
 
 
+def _check_output_args(args: argparse.Namespace) -> None:
+    """Flags that make sense only together, and every path the app will write.
+
+    Raises:
+        UnwritablePath: A file or folder named by a flag cannot be written.
+        ValueError: ``--output`` without ``--input``.
+    """
+    from assistant.files import check_writable_dir, check_writable_file
+
+    output: Path | None = getattr(args, "output", None)
+    if output is not None and getattr(args, "input", None) is None:
+        raise ValueError(
+            f"--output {output} needs --input: it writes the spoken reply to the question in the "
+            "--input WAV file; add --input QUESTION.wav, or drop --output for the live voice loop"
+        )
+    for flag in ("output", "log", "events"):
+        path = getattr(args, flag, None)
+        if path is not None:
+            check_writable_file(path, f"--{flag}")
+    export_dir = getattr(args, "export_dir", None)
+    if export_dir is not None:
+        check_writable_dir(export_dir, "--export-dir")
+
+
 def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
     """Refuse a context too small for the prompt, with the tokenizer only (no model loads)."""
     from assistant.llm import load_tokenizer, resolve_llm_dir
@@ -357,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         flags = flag_names(parser)
         settings = _settings(args, flags)
+        if args.command in (None, "run"):
+            _check_output_args(args)
         if args.command in (None, "chat", "run"):
             _check_context(settings, flags)
         if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
