@@ -3,6 +3,9 @@
 Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is the text REPL.
 
 Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
+Everything a user can get wrong on the command line (paths, settings, a context too small
+for the prompt) is checked before any model loads. Only the standard library is imported at
+the top, so that Ctrl-C at any point of the start-up ends quietly (:func:`main`).
 """
 
 from __future__ import annotations
@@ -15,19 +18,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from assistant.config import ConfigError, Settings, load_settings
-from assistant.engine_cli import add_engine_parsers, run_engine
-from assistant.llm import BACKENDS
-from models.store import BUNDLED, FetchError, ModelStore
-from models.weights import CorruptModel, ModelNotFound
-
 if TYPE_CHECKING:
     import numpy as np
+
+    from assistant.config import Settings
 
 logger = logging.getLogger("assistant")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    from assistant.llm import BACKENDS
+
     # SUPPRESS: an unset flag leaves no attribute, so `assistant --model X chat` keeps X.
     parser.argument_default = argparse.SUPPRESS
     g = parser.add_argument_group("settings (override the config file and ASSISTANT_* variables)")
@@ -151,6 +152,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree for every subcommand."""
+    from assistant.engine_cli import add_engine_parsers
+    from models.store import BUNDLED
+
     parser = argparse.ArgumentParser(
         prog="assistant",
         description="Local low-latency voice assistant. Without a subcommand: the terminal UI.",
@@ -222,6 +226,8 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
+    from assistant.config import load_settings
+
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     return load_settings(getattr(args, "config", None), overrides=overrides, flags=flags)
 
@@ -259,6 +265,8 @@ def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
+    from models.store import BUNDLED, ModelStore
+
     store = ModelStore(settings.models.store_dir)
     if args.models_command == "fetch":
         for name in args.names or list(BUNDLED):
@@ -370,10 +378,26 @@ def _tui(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``assistant`` console script."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Entry point of the ``assistant`` console script.
+
+    Ctrl-C while the app starts (imports, model loading) ends it with one line and status
+    130, not a traceback; once running, each mode handles Ctrl-C itself.
+    """
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
         return _bench(argv[1:])
+    from assistant.config import ConfigError
+    from assistant.engine_cli import run_engine
+    from models.store import FetchError
+    from models.weights import CorruptModel, ModelNotFound
+
     parser = build_parser()
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(getattr(args, "verbose", 0), 2)]
