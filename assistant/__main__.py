@@ -261,7 +261,7 @@ def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
     from assistant.llm import load_tokenizer, resolve_llm_dir
     from assistant.preflight import check_context
 
-    check_context(settings, load_tokenizer(resolve_llm_dir(settings.models)), flags)
+    check_context(settings, lambda: load_tokenizer(resolve_llm_dir(settings.models)), flags)
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:

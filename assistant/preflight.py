@@ -6,12 +6,15 @@ have the question cut to nothing and an unrelated answer; it is refused here ins
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from assistant.config import ConfigError, Settings
 
 MIN_QUESTION_TOKENS = 32  # room a question needs besides the system prompt ("What is ...?": ~10)
+# More than a chat template adds around the messages (SmolLM2: 14 tokens with a system
+# prompt, 30 without: it then inserts its own).
+TEMPLATE_ALLOWANCE_TOKENS = 256
 
 
 def prompt_overhead_tokens(tokenizer: Any, system_prompt: str) -> int:
@@ -25,13 +28,18 @@ def prompt_overhead_tokens(tokenizer: Any, system_prompt: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def check_context(settings: Settings, tokenizer: Any, flags: Mapping[str, str] | None = None) -> None:
+def check_context(
+    settings: Settings, load_tokenizer: Callable[[], Any], flags: Mapping[str, str] | None = None
+) -> None:
     """Refuse a context that cannot hold the system prompt, a short question and a reply.
+
+    The tokenizer is loaded only when the context is not plainly big enough: a token holds
+    at least one byte of text, so the system prompt's length in bytes bounds its tokens.
 
     Args:
         settings: The loaded settings (``[decoder] context_tokens``, ``[generation]
             max_new_tokens``, ``[dialogue] system_prompt``).
-        tokenizer: The model's tokenizer (with its chat template).
+        load_tokenizer: Returns the model's tokenizer (with its chat template).
         flags: ``{"section.key": "--flag"}`` to name the flags in the message.
 
     Raises:
@@ -40,7 +48,10 @@ def check_context(settings: Settings, tokenizer: Any, flags: Mapping[str, str] |
     flags = flags or {}
     context = settings.decoder.context_tokens
     reply = settings.generation.max_new_tokens
-    overhead = prompt_overhead_tokens(tokenizer, settings.dialogue.system_prompt)
+    prompt_bytes = len(settings.dialogue.system_prompt.encode())
+    if context >= prompt_bytes + TEMPLATE_ALLOWANCE_TOKENS + MIN_QUESTION_TOKENS + reply:
+        return
+    overhead = prompt_overhead_tokens(load_tokenizer(), settings.dialogue.system_prompt)
     needed = overhead + MIN_QUESTION_TOKENS + reply
     if context >= needed:
         return
