@@ -3,6 +3,9 @@
 Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is the text REPL.
 
 Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
+Everything a user can get wrong on the command line (paths, settings, a context too small
+for the prompt) is checked before any model loads. Only the standard library is imported at
+the top, so that Ctrl-C at any point of the start-up ends quietly (:func:`main`).
 """
 
 from __future__ import annotations
@@ -11,22 +14,21 @@ import argparse
 import importlib.util
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from assistant.config import ConfigError, Settings, load_settings
-from assistant.engine_cli import add_engine_parsers, run_engine
-from assistant.llm import BACKENDS
-from models.store import BUNDLED, FetchError, ModelStore
-from models.weights import CorruptModel, ModelNotFound
-
 if TYPE_CHECKING:
     import numpy as np
+
+    from assistant.config import Settings
 
 logger = logging.getLogger("assistant")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    from assistant.llm import BACKENDS
+
     # SUPPRESS: an unset flag leaves no attribute, so `assistant --model X chat` keeps X.
     parser.argument_default = argparse.SUPPRESS
     g = parser.add_argument_group("settings (override the config file and ASSISTANT_* variables)")
@@ -150,6 +152,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree for every subcommand."""
+    from assistant.engine_cli import add_engine_parsers
+    from models.store import BUNDLED
+
     parser = argparse.ArgumentParser(
         prog="assistant",
         description="Local low-latency voice assistant. Without a subcommand: the terminal UI.",
@@ -211,12 +216,57 @@ def _bench(argv: list[str]) -> int:
     return int(module.main(argv))
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{"section.key": "--flag"}`` for every setting that has a flag (for error messages)."""
+    return {
+        a.dest: max(a.option_strings, key=len)
+        for a in parser._actions  # argparse has no public list of a parser's arguments
+        if "." in a.dest and a.option_strings
+    }
+
+
+def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
+    from assistant.config import load_settings
+
     overrides = {k: v for k, v in vars(args).items() if "." in k}
-    return load_settings(getattr(args, "config", None), overrides=overrides)
+    return load_settings(getattr(args, "config", None), overrides=overrides, flags=flags)
+
+
+def _check_output_args(args: argparse.Namespace) -> None:
+    """Flags that make sense only together, and every path the app will write.
+
+    Raises:
+        UnwritablePath: A file or folder named by a flag cannot be written.
+        ValueError: ``--output`` without ``--input``.
+    """
+    from assistant.files import check_writable_dir, check_writable_file
+
+    output: Path | None = getattr(args, "output", None)
+    if output is not None and getattr(args, "input", None) is None:
+        raise ValueError(
+            f"--output {output} needs --input: it writes the spoken reply to the question in the "
+            "--input WAV file; add --input QUESTION.wav, or drop --output for the live voice loop"
+        )
+    for flag in ("output", "log", "events"):
+        path = getattr(args, flag, None)
+        if path is not None:
+            check_writable_file(path, f"--{flag}")
+    export_dir = getattr(args, "export_dir", None)
+    if export_dir is not None:
+        check_writable_dir(export_dir, "--export-dir")
+
+
+def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
+    """Refuse a context too small for the prompt, with the tokenizer only (no model loads)."""
+    from assistant.llm import load_tokenizer, resolve_llm_dir
+    from assistant.preflight import check_context
+
+    check_context(settings, lambda: load_tokenizer(resolve_llm_dir(settings.models)), flags)
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
+    from models.store import BUNDLED, ModelStore
+
     store = ModelStore(settings.models.store_dir)
     if args.models_command == "fetch":
         for name in args.names or list(BUNDLED):
@@ -328,15 +378,37 @@ def _tui(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``assistant`` console script."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Entry point of the ``assistant`` console script.
+
+    Ctrl-C while the app starts (imports, model loading) ends it with one line and status
+    130, not a traceback; once running, each mode handles Ctrl-C itself.
+    """
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
         return _bench(argv[1:])
-    args = build_parser().parse_args(argv)
+    from assistant.config import ConfigError
+    from assistant.engine_cli import run_engine
+    from models.store import FetchError
+    from models.weights import CorruptModel, ModelNotFound
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(getattr(args, "verbose", 0), 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        settings = _settings(args)
+        flags = flag_names(parser)
+        settings = _settings(args, flags)
+        if args.command in (None, "run"):
+            _check_output_args(args)
+        if args.command in (None, "chat", "run"):
+            _check_context(settings, flags)
         if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
             from assistant.llm import resolve_auto_backend
 

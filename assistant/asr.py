@@ -6,13 +6,14 @@ import logging
 import os
 import time
 import wave
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from assistant.audio import SAMPLE_RATE_HZ, resample
+from engines.bounds import bounds
 from models.store import BUNDLED, ModelStore
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ class AsrOptions:
     model: str = "whisper-tiny.en"
     device: str = "auto"
     compute_type: str = "auto"
-    cpu_threads: int = 0
-    beam_size: int = 5
+    cpu_threads: int = field(default=0, metadata=bounds(min=0, max=1024))
+    beam_size: int = field(default=5, metadata=bounds(min=1, max=100))
     language: str | None = "en"
 
 

@@ -11,10 +11,12 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
+from engines.bounds import bounds
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ class AudioOptions:
 
     input_device: str | None = None
     output_device: str | None = None
-    block_ms: int = 32
+    block_ms: int = field(default=32, metadata=bounds(min=1, max=1000))
 
 
 @dataclass(frozen=True)

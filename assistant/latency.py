@@ -24,6 +24,7 @@ the events of the discarded attempts are skipped, ``discarded`` counts them.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import threading
 from collections.abc import Iterable, Sequence
@@ -48,6 +49,7 @@ from assistant.events import (
     TurnCancelled,
     TurnDecision,
 )
+from assistant.files import LineAppender, atomic_write
 
 STAGES = (
     "endpointing_ms",
@@ -224,21 +226,24 @@ def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tup
     folder.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
     metric_keys = [*STAGES, "speculated_ms", "tokens_per_s"]
-    with csv_path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys])
-        for r in records:
-            values = [r.metrics.get(k) for k in metric_keys]
-            writer.writerow(
-                [*(getattr(r, c) for c in REPORT_COLUMNS), r.tokens, r.prompt_tokens]
-                + ["" if v is None else f"{v:.3f}" for v in values]
-            )
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys])
+    for r in records:
+        values = [r.metrics.get(k) for k in metric_keys]
+        writer.writerow(
+            [*(getattr(r, c) for c in REPORT_COLUMNS), r.tokens, r.prompt_tokens]
+            + ["" if v is None else f"{v:.3f}" for v in values]
+        )
     report = {
         "turns": len(records),
         "percentiles": percentiles(records, metric_keys),
         "records": [asdict(r) for r in records],
     }
-    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    with atomic_write(csv_path) as f:
+        f.write(table.getvalue().encode())
+    with atomic_write(json_path) as f:
+        f.write((json.dumps(report, indent=1) + "\n").encode())
     return csv_path, json_path
 
 
@@ -260,16 +265,16 @@ class EventLog:
     """Appends every event to a JSON-lines file (``run --events``); callable from any thread."""
 
     def __init__(self, path: Path) -> None:
-        self._file = path.open("a", buffering=1)
+        self._file = LineAppender(path)
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
-        """Write one event as one line."""
+        """Write one event as one whole line."""
         line = json.dumps(event_dict(event), separators=(",", ":"))
         with self._lock:
-            self._file.write(line + "\n")
+            self._file.write_line(line)
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Close the file."""
         with self._lock:
             self._file.close()

@@ -38,6 +38,7 @@ from assistant.events import (
     TurnCancelled,
     TurnDone,
 )
+from assistant.files import append_line
 from assistant.latency import TurnRecord, build_record
 from assistant.vad import SAMPLE_RATE_HZ
 
@@ -379,7 +380,6 @@ class VoicePipeline:
         )
         self.records.append(record)
         if self.options.log_path:
-            with self.options.log_path.open("a") as f:
-                f.write(record.to_json() + "\n")
+            append_line(self.options.log_path, record.to_json())
         self.emit(TurnDone(turn, time.monotonic_ns(), record))
         return record

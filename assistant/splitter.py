@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engines.bounds import bounds
 
 TERMINATORS = ".?!…"
 CLOSERS = "\"'”’)]}*"  # may follow the punctuation that ends a sentence
@@ -48,9 +50,9 @@ class SplitterOptions:
     end a phrase (``NO_END_WORDS``: "going to | the shop"), and is skipped if none can.
     """
 
-    max_chars: int = 200
-    first_clause_chars: int = 24
-    first_chunk_words: int = 5
+    max_chars: int = field(default=200, metadata=bounds(min=10))
+    first_clause_chars: int = field(default=24, metadata=bounds(min=0))
+    first_chunk_words: int = field(default=5, metadata=bounds(min=0))
 
 
 class SentenceSplitter:

@@ -11,13 +11,14 @@ import time
 import wave
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from assistant.audio import resample
+from engines.bounds import bounds
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +47,9 @@ class TtsOptions:
     """
 
     voice: str | None = None
-    rate_wpm: int = 175
-    volume: float = 1.0
-    sample_rate_hz: int = 16000
+    rate_wpm: int = field(default=175, metadata=bounds(min=80, max=450))  # espeak-ng's range
+    volume: float = field(default=1.0, metadata=bounds(min=0.0, max=1.0))
+    sample_rate_hz: int = field(default=16000, metadata=bounds(min=8000, max=48000))
 
 
 class Synthesizer:

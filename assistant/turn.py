@@ -13,13 +13,14 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from assistant.events import TurnDecision
 from assistant.vad import EndOfTurn, FixedSilence, VadOptions
+from engines.bounds import bounds
 from models.store import DEFAULT_TURN, ModelStore
 
 if TYPE_CHECKING:
@@ -46,20 +47,22 @@ class TurnOptions:
 
     detection: str = "smart-turn"
     model: str = DEFAULT_TURN
-    pause_ms: int = 200
-    max_silence_ms: int = 1200
-    threshold: float = 0.5
-    rescore_ms: int = 300
+    pause_ms: int = field(default=200, metadata=bounds(min=1, max=60_000))
+    max_silence_ms: int = field(default=1200, metadata=bounds(min=1, max=60_000))
+    threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
+    rescore_ms: int = field(default=300, metadata=bounds(min=1, max=60_000))
     speculate: bool = True
-    speculate_after_ms: int = 128
+    speculate_after_ms: int = field(default=128, metadata=bounds(min=0, max=60_000))
     partials: str = "auto"
-    partial_interval_ms: int = 700
+    partial_interval_ms: int = field(default=700, metadata=bounds(min=0, max=60_000))
 
     def __post_init__(self) -> None:
         if self.detection not in DETECTIONS:
             raise ValueError(f"turn detection {self.detection!r}: use one of {', '.join(DETECTIONS)}")
         if not 0 < self.pause_ms <= self.max_silence_ms:
-            raise ValueError(f"turn pause_ms {self.pause_ms} must be > 0 and <= max_silence_ms")
+            raise ValueError(
+                f"turn pause_ms {self.pause_ms} must be > 0 and <= max_silence_ms ({self.max_silence_ms})"
+            )
         if self.partials not in ("auto", "on", "off"):
             raise ValueError(f"turn partials {self.partials!r}: use auto, on or off")
         if not 0.0 <= self.threshold <= 1.0:

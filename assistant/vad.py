@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -20,6 +20,7 @@ from assistant.events import (
     SpeechStarted,
     TurnDecision,
 )
+from engines.bounds import bounds
 
 CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
@@ -40,13 +41,13 @@ class VadOptions:
     ``max_utterance_s`` is cut into a turn and the rest starts the next one.
     """
 
-    threshold: float = 0.5
-    neg_threshold: float = 0.35
-    min_speech_ms: int = 250
-    onset_ms: int = 96
-    end_silence_ms: int = 400
-    pre_roll_ms: int = 300
-    max_utterance_s: float = 20.0
+    threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
+    neg_threshold: float = field(default=0.35, metadata=bounds(min=0.0, max=1.0))
+    min_speech_ms: int = field(default=250, metadata=bounds(min=0, max=60_000))
+    onset_ms: int = field(default=96, metadata=bounds(min=0, max=60_000))
+    end_silence_ms: int = field(default=400, metadata=bounds(min=1, max=60_000))
+    pre_roll_ms: int = field(default=300, metadata=bounds(min=0, max=60_000))
+    max_utterance_s: float = field(default=20.0, metadata=bounds(above=0.0, max=3600.0))
 
 
 class EndOfTurn(Protocol):

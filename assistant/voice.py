@@ -27,6 +27,7 @@ from assistant.events import (
     TurnDecision,
     TurnDone,
 )
+from assistant.files import atomic_write
 from assistant.latency import TurnRecord
 from assistant.live import LiveLoop
 from assistant.pipeline import PipelineOptions, VoicePipeline
@@ -64,9 +65,9 @@ def find_utterance(
 
 
 def write_wav(path: Path, audio: np.ndarray) -> None:
-    """16 kHz mono 16-bit PCM."""
+    """16 kHz mono 16-bit PCM, written whole or not at all (:func:`~assistant.files.atomic_write`)."""
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
-    with wave.open(str(path), "wb") as w:
+    with atomic_write(path) as f, wave.open(f, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(SAMPLE_RATE_HZ)

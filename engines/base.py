@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from engines.bounds import bounds, check_bounds
 
 
 class ContextOverflow(ValueError):
@@ -22,13 +24,16 @@ class GenerationOptions:
     ``temperature == 0`` is greedy decoding; top-k, top-p and the seed then do nothing.
     """
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    max_new_tokens: int = field(default=256, metadata=bounds(min=1, max=131072))
+    temperature: float = field(default=0.0, metadata=bounds(min=0.0))
+    top_k: int = field(default=0, metadata=bounds(min=0))
+    top_p: float = field(default=1.0, metadata=bounds(above=0.0, max=1.0))
+    repetition_penalty: float = field(default=1.0, metadata=bounds(above=0.0))
+    seed: int | None = field(default=None, metadata=bounds(min=0, max=2**64 - 1))
     stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_bounds(self)  # e.g. a repetition penalty of 0 would divide by zero
 
 
 class StopReason(enum.Enum):

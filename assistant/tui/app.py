@@ -20,7 +20,7 @@ from pathlib import Path
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
+from textual.widgets import Input, ProgressBar, RichLog, Static
 
 from assistant.audio import AudioSink, FileSink
 from assistant.config import Settings
@@ -36,7 +36,7 @@ from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.fold import TurnFold
 from assistant.tui.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
-from assistant.tui.widgets import Conversation, SessionStats, StatusBar
+from assistant.tui.widgets import Conversation, KeyFooter, SessionStats, StatusBar
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,10 @@ class AssistantApp(App[int]):
     TITLE = "assistant"
     AUTO_FOCUS = None  # a focused Input would swallow the keys
     ENABLE_COMMAND_PALETTE = False  # the footer needs the room for the keys
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # app.tcss sizes the panes by these
+    # app.tcss sizes the panes by these: below 70 columns the statistics pane goes (the
+    # conversation keeps the width) and the keys wrap; below 18 rows the breakdown goes.
+    HORIZONTAL_BREAKPOINTS = [(0, "-tiny"), (50, "-small"), (70, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (18, "-tall")]
     BINDINGS = [
         Binding("space", "toggle_listening", "Listen on/off"),
         Binding("m", "mute", "Mute"),
@@ -115,7 +118,7 @@ class AssistantApp(App[int]):
         yield LatencyBreakdown(id="breakdown")
         yield Input(placeholder="type a message, Enter to send, Esc to go back", id="text-input")
         yield RichLog(id="log", max_lines=500, wrap=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         """Start loading; poll the GPU if there is one."""

@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Footer, Sparkline, Static
 
 from assistant.latency import STAGES, TurnRecord, percentiles
 from assistant.session import SessionInfo
@@ -146,6 +146,19 @@ def level_meter(level_db: float | None, cells: int = 10) -> str:
         return "-" * cells
     filled = round(cells * min(max((level_db + 60.0) / 60.0, 0.0), 1.0))
     return "▮" * filled + "▯" * (cells - filled)
+
+
+class KeyFooter(Footer):
+    """The key bindings, wrapped onto more rows in a narrow window.
+
+    ``Footer`` pins its grid to one row of columns; this one leaves the column count to
+    app.tcss, which lays the keys out as a grid below 70 columns.
+    """
+
+    def compose(self) -> ComposeResult:
+        """The keys; the grid's column count is left to the stylesheet."""
+        yield from super().compose()
+        self.styles.clear_rule("grid_size_columns")
 
 
 class StatusBar(Static):

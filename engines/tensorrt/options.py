@@ -10,8 +10,10 @@ prompt lengths, ``assistant engine profile``) instead of reserving for the worst
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from engines.bounds import bounds
 
 FLAVOURS = ("tensorrt", "tensorrt-rtx")
 PRECISIONS = ("fp16", "bf16", "fp32", "int8")
@@ -52,13 +54,13 @@ class EngineOptions:
     flavour: str = "auto"
     precision: str = "fp16"
     targets: str = "auto"
-    workspace_mib: int = 1024
-    optimization_level: int = 3
-    prefill_min_tokens: int = 1
-    prefill_opt_tokens: int = 128
-    prefill_max_tokens: int = 512
-    context_opt_tokens: int = 512
-    context_max_tokens: int = 2048
+    workspace_mib: int = field(default=1024, metadata=bounds(min=MIN_WORKSPACE_MIB))
+    optimization_level: int = field(default=3, metadata=bounds(min=0, max=5))
+    prefill_min_tokens: int = field(default=1, metadata=bounds(min=1))
+    prefill_opt_tokens: int = field(default=128, metadata=bounds(min=1))
+    prefill_max_tokens: int = field(default=512, metadata=bounds(min=1))
+    context_opt_tokens: int = field(default=512, metadata=bounds(min=0))
+    context_max_tokens: int = field(default=2048, metadata=bounds(min=2, max=131072))
     decode_profile: bool | None = None
     cuda_graphs: bool = False
     warmup: bool = True
