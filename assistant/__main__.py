@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from assistant.config import ConfigError, Settings, load_settings
 from assistant.engine_cli import add_engine_parsers, run_engine
 from assistant.llm import BACKENDS
+from assistant.offline import hub_requested, stay_offline
 from models.store import BUNDLED, FetchError, ModelStore
 from models.weights import CorruptModel, ModelNotFound
 
@@ -331,12 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``assistant`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
+        stay_offline()
         return _bench(argv[1:])
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(getattr(args, "verbose", 0), 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = _settings(args)
+        stay_offline(hub=hub_requested(settings))  # before onnxruntime or a Hugging Face library loads
         if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
             from assistant.llm import resolve_auto_backend
 

