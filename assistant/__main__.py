@@ -43,8 +43,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         dest="models.llm",
-        metavar="NAME|DIR|HUB_ID",
-        help="LLM: store name, local HF folder or hub id",
+        metavar="NAME|DIR|hf:ORG/NAME[@REV]",
+        help="LLM: store name, local Hugging Face folder, or hf:org/name[@revision] (downloaded once "
+        "into the store, online, pinned to a commit)",
     )
     g.add_argument("--backend", dest="decoder.backend", choices=BACKENDS, help="decoder backend")
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")

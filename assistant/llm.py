@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from assistant.config import DecoderSettings, ModelSettings
+from assistant.hub import PREFIX as HUB_PREFIX
+from assistant.hub import hub_model_dir, parse_hub_name
 from engines.driver import DecoderDriver
 from engines.progress import ProgressCallback
 from engines.tensorrt.options import EngineOptions
@@ -21,13 +23,18 @@ BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
 def resolve_llm_dir(settings: ModelSettings) -> Path:
-    """Folder of the configured LLM: a store name, a local folder, or a hub id (online).
+    """Folder of the configured LLM: a store name, a local folder, or ``hf:org/name[@revision]``.
+
+    A hub model is downloaded only when named so, once, into the store, pinned to a commit
+    (:mod:`assistant.hub`); a name that is no folder is never taken for a hub id.
 
     Raises:
         ModelNotFound: Nothing usable under that name, with the command that fixes it.
     """
     store = ModelStore(settings.store_dir)
     name = settings.llm
+    if name.startswith(HUB_PREFIX):
+        return hub_model_dir(parse_hub_name(name), store)
     local = Path(name).expanduser()
     if local.is_dir():
         check_model_dir(local)
@@ -36,23 +43,11 @@ def resolve_llm_dir(settings: ModelSettings) -> Path:
         return store.path(name)
     if name in BUNDLED:
         raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
-    if name.count("/") == 1 and not local.exists():
-        return _hub_snapshot(name)
-    raise ModelNotFound(f"no model folder {local} and no stored model {name!r}: {FETCH_HINT}")
-
-
-def _hub_snapshot(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    try:
-        path = snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
-        )
-    except Exception as e:  # the hub client raises many unrelated types for offline/unknown
-        raise ModelNotFound(
-            f"could not download {repo_id!r} from the Hugging Face hub ({e}); offline, {FETCH_HINT}"
-        ) from e
-    return Path(path)
+    hub_form = f"{HUB_PREFIX}{name}" if name.count("/") == 1 else f"{HUB_PREFIX}org/name"
+    raise ModelNotFound(
+        f"no such folder {local} and no stored model {name!r}; for a Hugging Face model use {hub_form} "
+        "(downloaded once, online); for the bundled models run 'assistant models fetch'"
+    )
 
 
 def load_tokenizer(model_dir: Path) -> Any:

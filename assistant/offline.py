@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from assistant.config import Settings
+from assistant.hub import PREFIX as HUB_PREFIX
 from models.store import BUNDLED, ModelStore
 
 # Always: nothing the app runs may report usage anywhere.
@@ -31,7 +32,6 @@ TELEMETRY_OFF = {
 }
 # Unless the settings name a hub download: the hub is not contacted at all.
 HUB_OFFLINE = {"HF_HUB_OFFLINE": "1"}
-HUB_PREFIX = "hf:"
 
 
 def hub_requested(settings: Settings) -> bool:
