@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 from pathlib import Path
@@ -77,6 +78,18 @@ def engine_cache_dir(models: ModelSettings) -> Path:
     return Path(models.store_dir).expanduser() / "engines"
 
 
+def compile_cache_dir(models: ModelSettings, model_dir: Path) -> Path:
+    """Where ``torch.compile`` keeps this model's compiled code: ``<store>/torch-compile/<name>-<key>``.
+
+    In the store, never in the model folder (Inductor loads the pickles it finds in its
+    cache, and a model folder may be a download); keyed by the model folder's real path, so
+    two models never share one.
+    """
+    real = model_dir.expanduser().resolve()
+    key = hashlib.sha256(str(real).encode()).hexdigest()[:16]
+    return Path(models.store_dir).expanduser() / "torch-compile" / f"{real.name}-{key}"
+
+
 def load_llm(
     models: ModelSettings,
     decoder: DecoderSettings,
@@ -115,6 +128,7 @@ def load_llm(
         threads=decoder.threads,
         cuda_graph=decoder.cuda_graph,
         compile=decoder.compile,
+        compile_cache_dir=compile_cache_dir(models, model_dir),
     )
     return load_torch_decoder(model_dir, tokenizer, options), tokenizer
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from assistant.config import ModelSettings
+from assistant.config import DecoderSettings, ModelSettings
 from assistant.llm import resolve_llm_dir
 from models import store as store_mod
 from models.store import MANIFEST, FetchError, ModelStore
@@ -155,3 +155,40 @@ def test_a_hub_model_is_downloaded_once_into_the_store_pinned_to_its_commit(tmp_
     for bad in ("hf:someorg", "hf:a/b/c", "hf:someorg/somemodel@", "hf:../x"):
         with pytest.raises(ModelNotFound, match="hf:org/name"):
             resolve_llm_dir(ModelSettings(store_dir=tmp_path / "store", llm=bad))
+
+
+def test_torch_compile_keeps_its_pickles_in_the_store_not_in_the_model_folder(
+    tmp_path, monkeypatch, model_dir
+):
+    """--compile (CUDA graphs faked: no GPU here) puts Inductor's cache under the store, per model."""
+    from assistant.llm import load_llm
+    from engines import torch_backend
+
+    class NoGraphs:  # stands in for the CUDA-graph step: nothing is compiled here
+        name = "fake cuda-graph+compile"
+
+        def __init__(self, model, capacity, options):
+            assert options.compile
+            self.capacity_tokens = capacity
+
+    monkeypatch.setattr(torch_backend, "use_cuda_graph", lambda options, device: True)
+    monkeypatch.setattr(torch_backend, "CudaGraphStep", NoGraphs)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    store_dir = tmp_path / "store"
+    models = ModelSettings(store_dir=store_dir, llm=str(model_dir))
+    decoder = DecoderSettings(backend="pytorch", device="cpu", dtype="fp32", compile=True, threads=2)
+    load_llm(models, decoder)
+
+    cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).resolve()
+    assert not cache.is_relative_to(model_dir.resolve()), f"compile cache inside the model folder: {cache}"
+    assert cache.is_relative_to(store_dir.resolve() / "torch-compile") and cache.is_dir()
+    assert not (model_dir / "torch-compile").exists()
+
+    from assistant.llm import compile_cache_dir
+
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "config.json").symlink_to(model_dir / "config.json")
+    assert compile_cache_dir(models, twin) != compile_cache_dir(models, model_dir)  # keyed per model
+    assert compile_cache_dir(models, model_dir).resolve() == cache
