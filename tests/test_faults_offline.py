@@ -10,6 +10,7 @@ DNS lookup. ONNX Runtime's telemetry looked ``mobile.events.data.microsoft.com``
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -94,3 +95,38 @@ def test_a_typed_chat_turn_opens_no_network_connection(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[ttft" in out.stdout, out.stdout  # the reply and its latency line came
     assert calls == [], "network calls during a chat turn:\n" + "\n".join(calls[:10])
+
+
+def test_only_a_download_the_user_named_leaves_the_hub_reachable(tmp_path, monkeypatch):
+    from assistant.asr import AsrOptions
+    from assistant.config import ModelSettings, Settings
+    from assistant.offline import TELEMETRY_OFF, hub_requested, stay_offline
+
+    for key in [*TELEMETRY_OFF, "HF_HUB_OFFLINE"]:
+        monkeypatch.setenv(key, "restored after the test")
+        monkeypatch.delenv(key)
+    stored = Settings(models=ModelSettings(store_dir=tmp_path))  # bundled names, a local folder
+    folder = Settings(models=ModelSettings(store_dir=tmp_path, llm=str(tmp_path)))
+    assert not hub_requested(stored) and not hub_requested(folder)
+    stay_offline(hub=hub_requested(stored))
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["ORT_DISABLE_TELEMETRY"] == "1"
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    named = Settings(models=ModelSettings(store_dir=tmp_path, llm="hf:someorg/somemodel"))
+    size_name = Settings(models=ModelSettings(store_dir=tmp_path), asr=AsrOptions(model="base.en"))
+    assert hub_requested(named) and hub_requested(size_name)
+    stay_offline(hub=True)
+    assert "HF_HUB_OFFLINE" not in os.environ and os.environ["ORT_DISABLE_TELEMETRY"] == "1"
+
+
+def test_models_fetch_still_downloads_what_the_user_asked_for(tmp_path):
+    """Kept behaviour (passes on the old code too): the offline settings leave pip's fetch alone."""
+    out = subprocess.run(
+        [sys.executable, "-m", "assistant", "models", "fetch", "smart-turn-v3.2", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "models" / "smart-turn-v3.2" / "smart-turn-v3.2-cpu.onnx").stat().st_size > 1e6
