@@ -3,12 +3,12 @@
 Found with ``strace -f -e trace=network`` on a file-mode turn and a chat turn: ONNX Runtime's
 telemetry (every session: Silero VAD, Smart Turn, the onnxruntime decoder backend) looked up
 ``mobile.events.data.microsoft.com`` about 9 s after its first session, then again with
-backoff. ``ORT_DISABLE_TELEMETRY`` stops it; ``onnxruntime.disable_telemetry_events()`` did
-not. The Hugging Face libraries opened nothing on those turns, but transformers and
-huggingface_hub may reach the hub (version and file checks) whenever a name is not a local
-folder; ``HF_HUB_OFFLINE`` rules that out. Both are read at import (``huggingface_hub``
-copies its settings into constants), so :func:`stay_offline` must run before anything
-imports onnxruntime, transformers, huggingface_hub or faster_whisper.
+backoff. ``ORT_DISABLE_TELEMETRY=1`` stops it only when set before onnxruntime is imported;
+set after the import, or with ``onnxruntime.disable_telemetry_events()``, the lookups went on.
+The Hugging Face libraries, torch and faster-whisper opened nothing on those turns (every
+model is a local folder); ``HF_HUB_OFFLINE=1`` keeps it so: with it a hub request raises
+instead of connecting. huggingface_hub reads it once, at import. So :func:`stay_offline`
+runs before anything imports onnxruntime, transformers, huggingface_hub or faster_whisper.
 
 The downloads a user asks for still work: ``assistant models fetch`` runs pip in a child
 process (the registry is its whole point), and a hub model named ``hf:org/name`` or an ASR
