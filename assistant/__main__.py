@@ -44,8 +44,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         dest="models.llm",
-        metavar="NAME|DIR|HUB_ID",
-        help="LLM: store name, local HF folder or hub id",
+        metavar="NAME|DIR|hf:ORG/NAME[@REV]",
+        help="LLM: store name, local Hugging Face folder, or hf:org/name[@revision] (downloaded once "
+        "into the store, online, pinned to a commit)",
     )
     g.add_argument("--backend", dest="decoder.backend", choices=BACKENDS, help="decoder backend")
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
@@ -391,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    from assistant.offline import hub_requested, stay_offline
+
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
+        stay_offline()
         return _bench(argv[1:])
     from assistant.config import ConfigError
     from assistant.engine_cli import run_engine
@@ -405,6 +409,7 @@ def _main(argv: list[str]) -> int:
     try:
         flags = flag_names(parser)
         settings = _settings(args, flags)
+        stay_offline(hub=hub_requested(settings))  # before onnxruntime or a Hugging Face library loads
         if args.command in (None, "run"):
             _check_output_args(args)
         if args.command in (None, "chat", "run"):

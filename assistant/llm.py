@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 from assistant.config import DecoderSettings, ModelSettings
+from assistant.hub import PREFIX as HUB_PREFIX
+from assistant.hub import hub_model_dir, parse_hub_name
 from engines.driver import DecoderDriver
 from engines.progress import ProgressCallback
 from engines.tensorrt.options import EngineOptions
@@ -21,13 +24,18 @@ BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
 def resolve_llm_dir(settings: ModelSettings) -> Path:
-    """Folder of the configured LLM: a store name, a local folder, or a hub id (online).
+    """Folder of the configured LLM: a store name, a local folder, or ``hf:org/name[@revision]``.
+
+    A hub model is downloaded only when named so, once, into the store, pinned to a commit
+    (:mod:`assistant.hub`); a name that is no folder is never taken for a hub id.
 
     Raises:
         ModelNotFound: Nothing usable under that name, with the command that fixes it.
     """
     store = ModelStore(settings.store_dir)
     name = settings.llm
+    if name.startswith(HUB_PREFIX):
+        return hub_model_dir(parse_hub_name(name), store)
     local = Path(name).expanduser()
     if local.is_dir():
         check_model_dir(local)
@@ -36,23 +44,11 @@ def resolve_llm_dir(settings: ModelSettings) -> Path:
         return store.path(name)
     if name in BUNDLED:
         raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
-    if name.count("/") == 1 and not local.exists():
-        return _hub_snapshot(name)
-    raise ModelNotFound(f"no model folder {local} and no stored model {name!r}: {FETCH_HINT}")
-
-
-def _hub_snapshot(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    try:
-        path = snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
-        )
-    except Exception as e:  # the hub client raises many unrelated types for offline/unknown
-        raise ModelNotFound(
-            f"could not download {repo_id!r} from the Hugging Face hub ({e}); offline, {FETCH_HINT}"
-        ) from e
-    return Path(path)
+    hub_form = f"{HUB_PREFIX}{name}" if name.count("/") == 1 else f"{HUB_PREFIX}org/name"
+    raise ModelNotFound(
+        f"no such folder {local} and no stored model {name!r}; for a Hugging Face model use {hub_form} "
+        "(downloaded once, online); for the bundled models run 'assistant models fetch'"
+    )
 
 
 def load_tokenizer(model_dir: Path) -> Any:
@@ -80,6 +76,18 @@ def onnx_dtype(dtype: str) -> str:
 def engine_cache_dir(models: ModelSettings) -> Path:
     """Where TensorRT engines and their tuning caches are kept (``<store>/engines``)."""
     return Path(models.store_dir).expanduser() / "engines"
+
+
+def compile_cache_dir(models: ModelSettings, model_dir: Path) -> Path:
+    """Where ``torch.compile`` keeps this model's compiled code: ``<store>/torch-compile/<name>-<key>``.
+
+    In the store, never in the model folder (Inductor loads the pickles it finds in its
+    cache, and a model folder may be a download); keyed by the model folder's real path, so
+    two models never share one.
+    """
+    real = model_dir.expanduser().resolve()
+    key = hashlib.sha256(str(real).encode()).hexdigest()[:16]
+    return Path(models.store_dir).expanduser() / "torch-compile" / f"{real.name}-{key}"
 
 
 def load_llm(
@@ -120,6 +128,7 @@ def load_llm(
         threads=decoder.threads,
         cuda_graph=decoder.cuda_graph,
         compile=decoder.compile,
+        compile_cache_dir=compile_cache_dir(models, model_dir),
     )
     return load_torch_decoder(model_dir, tokenizer, options), tokenizer
 

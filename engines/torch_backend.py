@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CUDA_GRAPH_MODES = ("auto", "on", "off")
-COMPILE_CACHE = "torch-compile"  # Inductor's cache, inside the model folder
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,10 @@ class TorchBackendOptions:
     ``cuda_graph``: ``"auto"`` replays CUDA graphs when the device is CUDA, ``"on"`` insists
     (an error elsewhere), ``"off"`` runs eagerly. ``compile`` adds ``torch.compile`` to the
     graphs (see :class:`~engines.cuda_graph.GraphOptions`); Inductor then keeps its compiled
-    code in ``<model folder>/torch-compile`` (unless ``TORCHINDUCTOR_CACHE_DIR`` is set), so
-    a second start skips most of the compile. ``prefill_buckets`` are the prompt lengths and
+    code in ``compile_cache_dir`` (unless ``TORCHINDUCTOR_CACHE_DIR`` is set; None leaves
+    Inductor's default under ``/tmp``), so a second start skips most of the compile. Never
+    point it into a model folder: the cache holds pickles that Inductor loads, and a model
+    folder may come from anyone. ``prefill_buckets`` are the prompt lengths and
     ``decode_windows`` the KV lengths that get their own graph.
     """
 
@@ -50,6 +51,7 @@ class TorchBackendOptions:
     threads: int = 0
     cuda_graph: str = "auto"
     compile: bool = False
+    compile_cache_dir: Path | None = None
     prefill_buckets: tuple[int, ...] = GraphOptions.prefill_buckets
     decode_windows: tuple[int, ...] = GraphOptions.decode_windows
 
@@ -111,14 +113,27 @@ def configure_threads(threads: int) -> None:
 
 
 def use_compile_cache(folder: Path) -> None:
-    """Point Inductor's on-disk caches at ``folder`` unless ``TORCHINDUCTOR_CACHE_DIR`` is set.
+    """Point Inductor's on-disk caches at ``folder`` unless the user set ``TORCHINDUCTOR_CACHE_DIR``.
 
-    Inductor reads only this environment variable (its default is under ``/tmp``, which is
-    emptied at boot); it holds compiled graphs (FX graph and AOT caches) and Triton kernels.
-    A process that already compiled something keeps its first cache folder.
+    Inductor reads only this environment variable; it holds compiled graphs (FX graph and
+    AOT caches, pickled) and Triton kernels. Importing ``torch._dynamo`` (loading the weights
+    does) sets the variable to Inductor's default under ``/tmp`` when it is unset, so that
+    value counts as unset. The folder is made private to this user. A process that already
+    compiled something keeps its first cache folder.
     """
-    if os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder.resolve())) == str(folder.resolve()):
-        logger.info("torch.compile cache: %s", folder)
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is not None and current != _inductor_default_cache_dir():
+        logger.info("torch.compile cache: %s (TORCHINDUCTOR_CACHE_DIR)", current)
+        return
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder.resolve())
+    logger.info("torch.compile cache: %s", folder)
+
+
+def _inductor_default_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
 
 
 def load_torch_decoder(
@@ -136,8 +151,10 @@ def load_torch_decoder(
     if graphs:
         status = "CUDA graphs captured at start"
         if options.compile:
-            use_compile_cache(model_dir / COMPILE_CACHE)
-            warm = any(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).glob("*"))
+            if options.compile_cache_dir is not None:
+                use_compile_cache(options.compile_cache_dir)
+            cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            warm = cache is not None and any(Path(cache).glob("*"))
             status = "compile cache hit" if warm else "compile cache empty: compiled at start"
         graph_options = GraphOptions(
             options.prefill_buckets, options.decode_windows, capture=True, compile=options.compile

