@@ -32,7 +32,7 @@ from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import build_engine
 from engines.tensorrt.options import EngineOptions
 from models.config import DecoderConfig, InvalidConfig
-from models.store import DEFAULT_LLM, DEFAULT_TURN, MANIFEST, check_files, record_files
+from models.store import DEFAULT_LLM, DEFAULT_TURN, MANIFEST, ModelStore, check_files, record_files
 from models.weights import CorruptModel
 from tests.speech import speak
 from tests.test_architectures import qwen2
@@ -159,15 +159,15 @@ def decoder_options():
 
 
 @pytest.mark.slow
-def test_models_fetch_check_hashes_every_byte_and_names_the_damaged_file(
-    model_dir, llm_record, store, tmp_path
-):
+def test_models_fetch_check_hashes_every_byte_and_names_the_damaged_file(model_dir, llm_record, tmp_path):
     store_copy(tmp_path, model_dir, llm_record)  # intact
-    turn = tmp_path / "models" / DEFAULT_TURN
-    shutil.copytree(store.path(DEFAULT_TURN), turn)
-    manifest = json.loads((turn / MANIFEST).read_text())
-    (turn / MANIFEST).write_text(json.dumps({**manifest, "files": record_files(turn)}))
-    onnx_file = next(turn.glob("*.onnx"))
+    # A real fetch (12 MB from the package index) writes the record the checks read.
+    turn = ModelStore(tmp_path).fetch(DEFAULT_TURN, progress=lambda _msg: None)
+    [onnx_file] = turn.glob("*.onnx")
+    record = json.loads((turn / MANIFEST).read_text())["files"][onnx_file.name]
+    assert record["size"] == onnx_file.stat().st_size and len(record["sha256"]) == 64
+    out = assistant("models", "fetch", "--check", "--store", str(tmp_path), DEFAULT_TURN)
+    assert out.returncode == 0 and out.stdout.startswith(f"{DEFAULT_TURN}: intact (1 files"), out.stdout
     data = bytearray(onnx_file.read_bytes())
     data[65536 + 1000] ^= 0x01  # between two sampled blocks: one bit the cheap check cannot see
     onnx_file.write_bytes(bytes(data))
