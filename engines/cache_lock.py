@@ -5,12 +5,16 @@ A build or export holds its entry's lock from the cache check until the entry is
 The locks are ``fcntl.flock`` locks on ``<cache>/_locks/<entry>.lock``: the kernel releases
 them when their process dies, however it dies, so "nobody holds the lock" is exactly "no
 live process is writing this entry". That is also how a staging folder is known to be stale:
-entries are staged in ``<cache>/.<entry>-<random>/`` (hidden, then renamed into place), and a
-staging folder whose entry lock is free was left by a killed process.
+entries are staged in ``<cache>/.<entry>-<random>/`` (hidden, then renamed into place) with an
+``owner`` file, and a staging folder with that file whose entry lock is free was left by a
+killed process. A staging folder without it was made by a version before these locks, which
+may still be running (an upgrade, two checkouts sharing a store): it is swept once nothing in
+it changed for :data:`UNMARKED_STALE_S`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -18,12 +22,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 LOCKS_DIR = "_locks"
+OWNER_FILE = "owner"  # in a staging folder: made by a process that holds the entry lock
+UNMARKED_STALE_S = 3600.0  # a staging folder without it: swept after an hour without changes
 POLL_S = 0.1
 
 
@@ -100,16 +106,28 @@ def lock_entry(
     return lock
 
 
-def staging_dir(folder: Path) -> tempfile.TemporaryDirectory[str]:
-    """A hidden temporary folder beside ``folder`` to stage it in (``.<name>-<random>``)."""
-    return tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-")
+@contextlib.contextmanager
+def staging_dir(folder: Path) -> Iterator[str]:
+    """A hidden temporary folder beside ``folder`` to stage it in (``.<name>-<random>``).
+
+    Hold ``folder``'s lock while it exists: its ``owner`` file tells :func:`sweep_staging`
+    that a free lock means its process is gone.
+    """
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as tmp:
+        (Path(tmp) / OWNER_FILE).write_text(f"{os.getpid()}\n")
+        yield tmp
 
 
-def sweep_staging(cache_dir: Path) -> list[tuple[Path, int]]:
+def _last_change_s(folder: Path) -> float:
+    return max((p.stat().st_mtime for p in (folder, *folder.rglob("*"))), default=0.0)
+
+
+def sweep_staging(cache_dir: Path, unmarked_stale_s: float = UNMARKED_STALE_S) -> list[tuple[Path, int]]:
     """Delete staging folders of ``cache_dir`` that no live process is writing.
 
     Returns each removed folder with its size in bytes. A staging folder whose entry lock is
-    held (an export or build in progress) is kept.
+    held (an export or build in progress) is kept; so is one without an ``owner`` file (an
+    older version's, maybe running) that changed within ``unmarked_stale_s``.
     """
     removed: list[tuple[Path, int]] = []
     if not cache_dir.is_dir():
@@ -126,6 +144,10 @@ def sweep_staging(cache_dir: Path) -> list[tuple[Path, int]]:
             logger.debug("cannot lock %s: %s", entry, e)
             continue
         try:
+            marked = (stale / OWNER_FILE).is_file()
+            if not marked and time.time() - _last_change_s(stale) < unmarked_stale_s:
+                logger.debug("keeping %s: no owner file, changed within the hour", stale)
+                continue
             size = sum(p.stat().st_size for p in stale.rglob("*") if p.is_file())
             shutil.rmtree(stale, ignore_errors=True)
         finally:

@@ -26,6 +26,7 @@ import torch
 from assistant.config import ModelSettings
 from assistant.dialogue import Dialogue
 from assistant.llm import load_tokenizer
+from engines.cache_lock import OWNER_FILE
 from engines.driver import DecoderDriver
 from engines.onnx_export import SIDECAR, ExportOptions, check_export, export_decoder
 from engines.tensorrt import builder, cache
@@ -390,16 +391,27 @@ def test_sigterm_in_file_mode_leaves_no_temporary_files(tmp_path, after_s):
     assert not list(tmp.glob("assistant-tts-*")) and "Traceback" not in stderr
 
 
+def staging(entry: Path, suffix: str, *, owner: bool, age_s: float = 0.0) -> Path:
+    """A staging folder as an export leaves it (``owner``: made by a version with locks)."""
+    folder = entry.parent / f".{entry.name}-{suffix}"  # what tempfile names one
+    (folder / "out" / "raw").mkdir(parents=True)
+    (folder / "out" / "raw" / "decoder.onnx").write_bytes(b"\0" * 1_000_000)
+    if owner:
+        (folder / OWNER_FILE).write_text("12345\n")
+    for path in (*folder.rglob("*"), folder):
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return folder
+
+
 def test_export_sweeps_staging_left_by_a_killed_export_but_not_a_running_one(tiny_model, tmp_path):
     model = tmp_path / tiny_model.name
     shutil.copytree(tiny_model, model)
     entry = export_decoder(model, ExportOptions(dtype="fp32")).path.parent
-    dead = entry.parent / f".{entry.name}-k1ll3d00"  # what tempfile names a staging folder
-    (dead / "out" / "raw").mkdir(parents=True)
-    (dead / "out" / "raw" / "decoder.onnx").write_bytes(b"\0" * 1_000_000)
+    killed = staging(entry, "k1ll3d00", owner=True)  # its lock went with its process
+    old = staging(entry, "o1dv3r00", owner=False, age_s=2 * 3600)  # a version before locks, long gone
+    recent = staging(entry, "r3c3nt00", owner=False)  # a version before locks: may be running
     fp16 = next(p for p in entry.parent.iterdir() if p.name.startswith("decoder-fp16-"))
-    live = entry.parent / f".{fp16.name}-runn1ng0"
-    live.mkdir()
+    live = staging(fp16, "runn1ng0", owner=True)
     holder = subprocess.Popen(  # another process exporting fp16 right now: it holds the lock
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
          "from engines.cache_lock import EntryLock; EntryLock(Path(sys.argv[1])).acquire(); "
@@ -409,7 +421,8 @@ def test_export_sweeps_staging_left_by_a_killed_export_but_not_a_running_one(tin
     try:
         assert holder.stdout.readline().strip() == "held"
         assert export_decoder(model, ExportOptions(dtype="fp32")).cache_hit
-        assert not dead.exists() and live.exists()
+        assert not killed.exists() and not old.exists()
+        assert recent.exists() and live.exists()
     finally:
         holder.kill()
         holder.wait()

@@ -267,7 +267,8 @@ def clear_entries(cache_dir: Path, keep: Callable[[EngineEntry], bool] = lambda 
         if lock_file.stem not in known and not lock.acquire(wait=False):
             busy.append((EngineEntry(lock.folder, {}, 0, "being built"), lock.holder()))
         lock.release()
-    return Cleared(removed, busy, sweep_staging(cache_dir))
+    # As before the locks, clearing takes every unlocked staging folder, old versions' too.
+    return Cleared(removed, busy, sweep_staging(cache_dir, unmarked_stale_s=0.0))
 
 
 def tuning_caches(cache_dir: Path) -> list[Path]:
