@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -188,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = models_sub.add_parser("fetch", help="download and convert the bundled models")
     fetch.add_argument("names", nargs="*", help=f"default: all ({', '.join(BUNDLED)})")
     fetch.add_argument("--force", action="store_true", help="fetch again even when present")
+    fetch.add_argument(
+        "--check",
+        action="store_true",
+        help="download nothing: hash every file of the fetched models against the sha256 recorded "
+        "at fetch time (exit status 1 when one is damaged or cannot be verified)",
+    )
     _common(fetch)
     listing = models_sub.add_parser("list", help="models in the store with sizes")
     _common(listing)
@@ -269,6 +277,13 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
     from models.store import BUNDLED, ModelStore
 
     store = ModelStore(settings.models.store_dir)
+    if args.models_command == "fetch" and args.check:
+        intact = True
+        for name in args.names or list(BUNDLED):
+            ok, line = store.verify(name)
+            intact &= ok
+            print(line)
+        return 0 if intact else 1
     if args.models_command == "fetch":
         for name in args.names or list(BUNDLED):
             store.fetch(name, force=args.force)
@@ -378,14 +393,29 @@ def _tui(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``assistant`` console script.
 
     Ctrl-C while the app starts (imports, model loading) ends it with one line and status
-    130, not a traceback; once running, each mode handles Ctrl-C itself.
+    130, not a traceback; once running, each mode handles Ctrl-C itself. SIGTERM becomes
+    ``SystemExit(143)`` in the main thread, so a terminated command unwinds like Ctrl-C does:
+    sessions close, temporary folders go (``run_live`` and the UI take SIGTERM over for their
+    own clean stop).
     """
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        return _main(sys.argv[1:] if argv is None else argv)
+        if threading.current_thread() is not threading.main_thread():
+            return _main(argv)
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            return _main(argv)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         return 130

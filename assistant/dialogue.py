@@ -9,7 +9,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from engines.base import Decoder, GenerationOptions, GenerationStats, TokenChunk
+from models.weights import CorruptModel
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +151,21 @@ class Dialogue:
         """Run the decoder once (prefill and a decode step) so the first turn is not cold.
 
         The system prompt stays in the KV cache, so the first real turn reuses it. Returns ms.
+
+        Raises:
+            CorruptModel: The logits hold NaN or Inf (damaged weights or engine).
         """
         start = time.monotonic_ns()
         ids = self._render([], "Hello")
         logits = self.decoder.prefill(ids)
-        self.decoder.decode(int(logits.argmax()))
+        after = self.decoder.decode(int(logits.argmax()))
+        if not (np.isfinite(logits).all() and np.isfinite(after).all()):
+            # Else every reply would be max_new_tokens of token 0: empty text, no error.
+            raise CorruptModel(
+                f"the LLM ({self.decoder.name}) gives NaN/Inf logits: its weights or engine are "
+                "damaged; run 'assistant models fetch --force' (a bundled model) and "
+                "'assistant engine clear' (an engine)"
+            )
         return (time.monotonic_ns() - start) / 1e6
 
     def ask(self, user_text: str, cancel: threading.Event | None = None, held: bool = False) -> Reply:

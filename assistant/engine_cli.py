@@ -48,7 +48,11 @@ def add_engine_parsers(
     common(profile)
     listing = engine_sub.add_parser("list", help="cached engines with sizes and what each was built for")
     common(listing)
-    clear = engine_sub.add_parser("clear", help="delete cached engines (all, or only unusable ones)")
+    clear = engine_sub.add_parser(
+        "clear",
+        help="delete cached engines (all, or only unusable ones; never one being built) and what "
+        "interrupted builds and exports left",
+    )
     clear.add_argument("--broken", action="store_true", help="only entries that failed their check")
     clear.add_argument("--caches", action="store_true", help="also the timing/runtime/calibration caches")
     common(clear)
@@ -208,12 +212,18 @@ def _clear(args: argparse.Namespace, settings: Settings) -> int:
 
     cache_dir = engine_cache_dir(settings.models)
     if args.broken:
-        removed = clear_entries(cache_dir, keep=lambda e: check_entry(e.folder) is None)
+        cleared = clear_entries(cache_dir, keep=lambda e: check_entry(e.folder) is None)
     else:
-        removed = clear_entries(cache_dir)
-    freed = sum(e.size_bytes for e in removed)
-    for e in removed:
+        cleared = clear_entries(cache_dir)
+    freed = sum(e.size_bytes for e in cleared.removed)
+    for e in cleared.removed:
         print(f"removed {e.folder.name} ({e.size_bytes / 1e6:.1f} MB)")
+    for e, pid in cleared.busy:
+        print(f"skipped {e.folder.name}: being built by process {pid}; clear it after the build")
+    swept = [*cleared.swept, *_sweep_exports(settings)]
+    for path, size_bytes in swept:
+        freed += size_bytes
+        print(f"removed {path} ({size_bytes / 1e6:.1f} MB), left by an interrupted build or export")
     if args.caches:
         for path in tuning_caches(cache_dir):
             freed += path.stat().st_size
@@ -221,6 +231,16 @@ def _clear(args: argparse.Namespace, settings: Settings) -> int:
             print(f"removed {path.name}")
     print(f"freed {freed / 1e6:.1f} MB")
     return 0
+
+
+def _sweep_exports(settings: Settings) -> list[tuple[Path, int]]:
+    """Staging folders killed ONNX exports left beside the configured model (never downloads)."""
+    from engines.cache_lock import sweep_staging
+    from models.store import ModelStore
+
+    store, name = ModelStore(settings.models.store_dir), settings.models.llm
+    model_dir = store.path(name) if store.is_present(name) else Path(name).expanduser()
+    return sweep_staging(model_dir / "onnx") if model_dir.is_dir() else []
 
 
 def _verify(args: argparse.Namespace, settings: Settings) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import threading
 from pathlib import Path
@@ -15,8 +16,9 @@ from assistant.hub import hub_model_dir, parse_hub_name
 from engines.driver import DecoderDriver
 from engines.progress import ProgressCallback
 from engines.tensorrt.options import EngineOptions
-from models.store import BUNDLED, ModelStore
-from models.weights import FETCH_HINT, ModelNotFound, check_model_dir
+from models.config import DecoderConfig
+from models.store import BUNDLED, ModelStore, repair_hint
+from models.weights import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ def resolve_llm_dir(settings: ModelSettings) -> Path:
         check_model_dir(local)
         return local
     if store.is_present(name):
+        check_model_dir(store.path(name))  # also the cheap check of the recorded files
         return store.path(name)
     if name in BUNDLED:
         raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
@@ -52,16 +55,49 @@ def resolve_llm_dir(settings: ModelSettings) -> Path:
 
 
 def load_tokenizer(model_dir: Path) -> Any:
-    """The fast tokenizer (with chat template) saved in ``model_dir``."""
+    """The fast tokenizer (with chat template) saved in ``model_dir``.
+
+    Raises:
+        ModelNotFound: No tokenizer files.
+        CorruptModel: A tokenizer file is not JSON of the expected shape (names the file).
+    """
     from transformers import AutoTokenizer
 
+    _check_tokenizer_files(model_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
+    except Exception as e:  # tokenizers and transformers raise bare KeyError, TypeError, Exception...
+        raise CorruptModel(
+            f"the tokenizer files in {model_dir} (tokenizer.json, tokenizer_config.json) cannot be "
+            f"loaded ({type(e).__name__}: {e}); {repair_hint(model_dir)}"
+        ) from e
     if not tokenizer.chat_template:
         raise ModelNotFound(f"{model_dir} has no chat template; use an instruct/chat model")
     return tokenizer
+
+
+# Top-level keys a tokenizers-library tokenizer.json must have, and their JSON types.
+TOKENIZER_SHAPE: dict[str, type] = {"model": dict, "added_tokens": list}
+
+
+def _check_tokenizer_files(model_dir: Path) -> None:
+    """Name the file when tokenizer.json / tokenizer_config.json is not JSON of the right shape."""
+    for name, shape in (("tokenizer.json", TOKENIZER_SHAPE), ("tokenizer_config.json", {})):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CorruptModel(f"{path} is not readable JSON ({e}); {repair_hint(model_dir)}") from e
+        problem = None if isinstance(data, dict) else f"{type(data).__name__} where a JSON object belongs"
+        for key, kind in shape.items():
+            if problem is None and not isinstance(data.get(key), kind):
+                problem = f"{key!r} is missing or not a JSON {'object' if kind is dict else 'array'}"
+        if problem:
+            raise CorruptModel(f"{path} is not a tokenizer file: {problem}; {repair_hint(model_dir)}")
 
 
 def onnx_dtype(dtype: str) -> str:
@@ -108,6 +144,7 @@ def load_llm(
         cancel: Set it to stop a TensorRT engine build at its next step.
     """
     model_dir = resolve_llm_dir(models)
+    DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
     tokenizer = load_tokenizer(model_dir)
     if decoder.backend not in BACKENDS:
         raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")

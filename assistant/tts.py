@@ -81,7 +81,10 @@ class Synthesizer:
         try:
             started.result()
         except BaseException:
-            self._thread.join()
+            # A failed start ended the thread; an interrupted wait (SIGTERM, Ctrl-C) did not:
+            # the sentinel stops it once started, so the join returns and the folder goes.
+            self._jobs.put(None)
+            self._thread.join(timeout=2 * RENDER_TIMEOUT_S)
             self._folder.cleanup()
             raise
 

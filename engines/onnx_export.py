@@ -30,7 +30,10 @@ Cache layout under the model folder::
 
 ``key`` hashes the weights, the dtype, the opset, :data:`CONTRACT` and the source of the code
 that builds the graph (so a code change never reuses an old export). A folder whose files
-do not match ``export.json`` (truncated, corrupt, interrupted) is exported again.
+do not match ``export.json`` (truncated, corrupt, interrupted), or whose ``export.json`` is not
+of the expected shape, is exported again. An export holds the entry's lock
+(``engines/cache_lock.py``) from the cache check to the rename; staging folders left by a
+killed export are swept at the next export (and by ``assistant engine clear``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ from typing import Any
 import onnx
 
 import models.decoder
+from engines.cache_lock import EntryLock, lock_entry, staging_dir, sweep_staging
 from engines.progress import ProgressCallback, emit
 from models.config import DecoderConfig
 from models.weights import check_model_dir
@@ -66,6 +69,15 @@ DATA_FILE = "decoder.onnx.data"
 SIDECAR = "export.json"
 # Protobuf cannot serialize a message over 2 GiB; keep a margin for the graph itself.
 EXTERNAL_DATA_BYTES = 2**31 - 2**26
+# Every key _metadata writes (prefixed "assistant."); export.json must carry them all.
+METADATA_KEYS = tuple(
+    f"assistant.{k}"
+    for k in (
+        "model_id", "model_source", "weights_sha256", "dtype", "opset", "cache_contract",
+        "graph_code_sha256", "exporter", "onnx_version", "model_type", "num_layers",
+        "num_kv_heads", "head_dim", "vocab_size", "max_position_embeddings",
+    )
+)  # fmt: skip
 
 
 class ExportError(RuntimeError):
@@ -90,6 +102,62 @@ class ExportedDecoder:
     metadata: dict[str, str]
     export_s: float = 0.0
     notice: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """``export.json``: each file's size and sha256, and the graph's metadata."""
+
+    files: dict[str, tuple[int, str]]  # name -> (size in bytes, sha256)
+    metadata: dict[str, str]
+
+    @classmethod
+    def parse(cls, data: Any) -> ExportRecord:
+        """Check the shape of a decoded ``export.json`` as a whole.
+
+        Raises:
+            ValueError: Anything unexpected, naming the first field that is wrong.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{type(data).__name__} where a JSON object belongs")
+        files, metadata = data.get("files"), data.get("metadata")
+        if not isinstance(files, dict) or not files:
+            raise ValueError("'files' is missing, empty or not an object")
+        if GRAPH_FILE not in files:
+            raise ValueError(f"'files' does not list {GRAPH_FILE}")
+        parsed: dict[str, tuple[int, str]] = {}
+        for name, entry in files.items():
+            if "/" in name or name.startswith(".") or name == SIDECAR:
+                raise ValueError(f"'files' lists {name!r}, not a file of the export")
+            size = entry.get("size") if isinstance(entry, dict) else None
+            sha = entry.get("sha256") if isinstance(entry, dict) else None
+            if type(size) is not int or size < 0 or not _is_sha256(sha):
+                raise ValueError(f"'files' entry {name!r} is {entry!r}, not {{size, sha256}}")
+            parsed[name] = (size, str(sha))
+        if not isinstance(metadata, dict):
+            raise ValueError("'metadata' is missing or not an object")
+        missing = [k for k in METADATA_KEYS if not isinstance(metadata.get(k), str)]
+        if missing:
+            raise ValueError(f"'metadata' lacks {', '.join(missing)} (or they are not strings)")
+        return cls(parsed, {str(k): str(v) for k, v in metadata.items()})
+
+    @classmethod
+    def read(cls, folder: Path) -> ExportRecord:
+        """The checked ``export.json`` of ``folder``.
+
+        Raises:
+            FileNotFoundError: No record (an interrupted export).
+            ValueError: Not JSON, or JSON of the wrong shape.
+        """
+        try:
+            data = json.loads((folder / SIDECAR).read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(str(e)) from e
+        return cls.parse(data)
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def past_names(num_layers: int) -> list[str]:
@@ -148,30 +216,33 @@ def export_folder(model_dir: Path, options: ExportOptions, weights_sha: str) -> 
     return model_dir / "onnx" / f"decoder-{options.dtype}-{key}"
 
 
-def check_export(folder: Path) -> str | None:
-    """Why the export in ``folder`` is unusable, or ``None`` when every file matches its record."""
+def check_export(folder: Path, expected: dict[str, str] | None = None) -> str | None:
+    """Why the export in ``folder`` is unusable, or ``None`` when every file matches its record.
+
+    ``export.json`` must be of the expected shape as a whole (:class:`ExportRecord`), list
+    every file of the folder (the graph at least), and carry the ``expected`` metadata.
+    """
     try:
-        files = _record(folder)["files"]
+        record = ExportRecord.read(folder)
     except FileNotFoundError:
         return f"{folder / SIDECAR} is missing (interrupted export?)"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         return f"{folder / SIDECAR} is unreadable ({e})"
-    for name, expected in files.items():
+    for key, value in (expected or {}).items():
+        if record.metadata.get(key) != value:
+            return f"{folder / SIDECAR} records {key} {record.metadata.get(key)!r}, not {value!r}"
+    unlisted = sorted(p.name for p in folder.iterdir() if p.name != SIDECAR and p.name not in record.files)
+    if unlisted:
+        return f"{folder / SIDECAR} does not list {', '.join(unlisted)}"
+    for name, (size, sha) in record.files.items():
         path = folder / name
         if not path.is_file():
             return f"{path} is missing"
-        if path.stat().st_size != expected["size"]:
-            return f"{path} has {path.stat().st_size} bytes, {expected['size']} expected (truncated?)"
-        if _sha256(path) != expected["sha256"]:
+        if path.stat().st_size != size:
+            return f"{path} has {path.stat().st_size} bytes, {size} expected (truncated?)"
+        if _sha256(path) != sha:
             return f"{path} does not match its recorded sha256 (corrupt)"
     return None
-
-
-def _record(folder: Path) -> dict[str, Any]:
-    record = json.loads((folder / SIDECAR).read_text())
-    if not isinstance(record, dict):
-        raise ValueError("not a JSON object")
-    return record
 
 
 def _size(folder: Path) -> int:
@@ -196,27 +267,50 @@ def export_decoder(
     check_model_dir(model_dir)
     weights_sha = weights_sha256(model_dir)
     folder = export_folder(model_dir, options, weights_sha)
+    expected = {"assistant.dtype": options.dtype, "assistant.weights_sha256": weights_sha}
+    sweep_staging(folder.parent)  # what killed exports left (hidden, ~230 MB each)
+    if folder.exists() and not force and check_export(folder, expected) is None:
+        # A hit needs no lock (nor a writable folder): entries are replaced by a rename.
+        emit(progress, "cached", f"ONNX export cache hit ({options.dtype})")
+        return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), ExportRecord.read(folder).metadata)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with lock_entry(folder, on_wait=lambda m: emit(progress, "wait", m)):
+            return _export_locked(model_dir, options, weights_sha, folder, force, progress)
+    except OSError as e:
+        raise ExportError(f"cannot write the ONNX export under {folder.parent}: {e}") from e
+
+
+def _export_locked(
+    model_dir: Path,
+    options: ExportOptions,
+    weights_sha: str,
+    folder: Path,
+    force: bool,
+    progress: ProgressCallback | None,
+) -> ExportedDecoder:
+    """:func:`export_decoder` under the entry's lock: check again, else export.
+
+    Checked again because another process may have exported it while this one waited.
+    """
     notice = "forced" if force else None
     if folder.exists() and not force:
-        problem = check_export(folder)
+        expected = {"assistant.dtype": options.dtype, "assistant.weights_sha256": weights_sha}
+        problem = check_export(folder, expected)
         if problem is None:
-            metadata = _record(folder)["metadata"]
+            metadata = ExportRecord.read(folder).metadata
             emit(progress, "cached", f"ONNX export cache hit ({options.dtype})")
             return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), metadata)
         notice = f"cached export unusable, exporting again: {problem}"
         logger.warning("%s", notice)
     emit(progress, "export", f"exporting ONNX ({options.dtype}), once per model")
     start = time.monotonic()
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as tmp:
-            staged = Path(tmp) / "out"
-            metadata = _export(model_dir, options, weights_sha, staged)
-            if folder.exists():
-                shutil.rmtree(folder)
-            staged.rename(folder)
-    except OSError as e:
-        raise ExportError(f"cannot write the ONNX export under {folder.parent}: {e}") from e
+    with staging_dir(folder) as tmp:
+        staged = Path(tmp) / "out"
+        metadata = _export(model_dir, options, weights_sha, staged)
+        if folder.exists():
+            shutil.rmtree(folder)
+        staged.rename(folder)
     _prune_stale(folder, weights_sha)
     export_s = time.monotonic() - start
     logger.info("exported %s (%s) to %s in %.1f s", model_dir.name, options.dtype, folder, export_s)
@@ -336,10 +430,17 @@ def _prune_stale(folder: Path, weights_sha: str) -> None:
         if other == folder or not other.is_dir() or other.name.startswith("."):
             continue
         try:
-            meta = _record(other)["metadata"]
-            made = (meta["assistant.weights_sha256"], meta.get("assistant.graph_code_sha256"))
-        except (OSError, ValueError, KeyError, TypeError):
+            meta = ExportRecord.read(other).metadata
+            made: tuple[str, str | None] = (
+                meta["assistant.weights_sha256"],
+                meta.get("assistant.graph_code_sha256"),
+            )
+        except (OSError, ValueError):
             made = ("", None)
-        if made != current:
-            logger.info("removing stale export %s", other)
-            shutil.rmtree(other, ignore_errors=True)
+        lock = EntryLock(other)
+        if made != current and lock.acquire(wait=False):  # held: another process is writing it
+            try:
+                logger.info("removing stale export %s", other)
+                shutil.rmtree(other, ignore_errors=True)
+            finally:
+                lock.release()

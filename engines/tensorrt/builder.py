@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.onnx_export import CONTRACT, INPUT_IDS, POSITION_IDS, SIDECAR, ExportedDecoder, past_names
+from engines.cache_lock import lock_entry
+from engines.onnx_export import (
+    CONTRACT,
+    INPUT_IDS,
+    POSITION_IDS,
+    ExportedDecoder,
+    ExportRecord,
+    past_names,
+)
 from engines.progress import ProgressCallback, emit
 from engines.tensorrt import cache
 from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
@@ -84,8 +92,8 @@ def builder_code_sha256() -> str:
 
 def onnx_sha256(exported: ExportedDecoder) -> str:
     """One sha256 for the export's files, from the sha256s its ``export.json`` recorded."""
-    files = json.loads((exported.path.parent / SIDECAR).read_text())["files"]
-    return engine_digest({name: files[name]["sha256"] for name in sorted(files)})
+    files = ExportRecord.read(exported.path.parent).files
+    return engine_digest({name: files[name][1] for name in sorted(files)})
 
 
 def engine_digest(value: Any) -> str:
@@ -207,51 +215,67 @@ def build_engine(
     identity = engine_identity(flavour, options, targets, exported, gpu)
     model_id = exported.metadata.get("assistant.model_id", "decoder")
     folder = entry_folder(cache_dir, model_id, identity)
-    notice = "forced" if force else None
-    if folder.exists() and not force:
-        problem = cache.check_entry(folder, identity)
-        if problem is None:
-            emit(progress, "cached", f"engine cache hit: {folder}")
-            return BuiltEngine(folder / cache.ENGINE_FILE, cache.read_record(folder), True)
-        notice = f"cached engine unusable, building again: {problem}"
-        logger.warning("%s", notice)
-        emit(progress, "rebuild", notice)
-    start = time.monotonic()
-    caches_dir = cache_dir / cache.CACHES_DIR
-    calibrator = None
-    if options.precision == "int8":
-        from engines.tensorrt.calibration import make_calibrator
+    try:
+        lock = lock_entry(folder, cancel, on_wait=lambda m: emit(progress, "wait", m))
+    except InterruptedError as e:
+        raise EngineBuildError(f"build cancelled: {e}") from e
+    # Held from the cache check until the engine is in place and reported: `engine clear`
+    # skips this entry meanwhile, and a second build of it waits, then hits the cache.
+    with lock:
+        notice = "forced" if force else None
+        if folder.exists() and not force:
+            problem = cache.check_entry(folder, identity)
+            if problem is None:
+                emit(progress, "cached", f"engine cache hit: {folder}")
+                return BuiltEngine(folder / cache.ENGINE_FILE, cache.read_record(folder), True)
+            notice = f"cached engine unusable, building again: {problem}"
+            logger.warning("%s", notice)
+            emit(progress, "rebuild", notice)
+        start = time.monotonic()
+        caches_dir = cache_dir / cache.CACHES_DIR
+        calibrator = None
+        if options.precision == "int8":
+            from engines.tensorrt.calibration import make_calibrator
 
-        if not calibration_ids:
-            raise EngineOptionsError("int8 needs calibration snippets (calibration_ids)")
-        sample_sha = engine_digest(calibration_ids)[:12]
-        cache_path = caches_dir / f"calibration-{identity['onnx_sha256'][:16]}-{sample_sha}.bin"
-        length = min(options.prefill_opt_tokens, CALIBRATION_TOKENS)
-        calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
-    try:
-        serialized = _build(
-            flavour, exported, options, targets, strongly_typed, gpu, caches_dir, progress, cancel, calibrator
-        )
-    finally:
-        if calibrator is not None:
-            calibrator.free()  # its device buffers
-    build_s = time.monotonic() - start
-    emit(progress, "save", f"writing {folder}")
-    record = {
-        **identity,
-        "model_id": model_id,
-        "onnx": {"path": str(exported.path), "dtype": dtype},
-        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "build_s": round(build_s, 2),
-        "verified": None,
-    }
-    try:
-        record = cache.write_entry(folder, memoryview(serialized), record)
-    except OSError as e:
-        raise EngineBuildError(f"cannot write the engine under {cache_dir}: {e}") from e
-    logger.info("built %s in %.1f s (%d MB)", folder, build_s, record["engine"]["size"] // 10**6)
-    emit(progress, "done", f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}")
-    return BuiltEngine(folder / cache.ENGINE_FILE, record, False, build_s, notice)
+            if not calibration_ids:
+                raise EngineOptionsError("int8 needs calibration snippets (calibration_ids)")
+            sample_sha = engine_digest(calibration_ids)[:12]
+            cache_path = caches_dir / f"calibration-{identity['onnx_sha256'][:16]}-{sample_sha}.bin"
+            length = min(options.prefill_opt_tokens, CALIBRATION_TOKENS)
+            calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
+        try:
+            serialized = _build(
+                flavour,
+                exported,
+                options,
+                targets,
+                strongly_typed,
+                gpu,
+                caches_dir,
+                progress,
+                cancel,
+                calibrator,
+            )
+        finally:
+            if calibrator is not None:
+                calibrator.free()  # its device buffers
+        build_s = time.monotonic() - start
+        emit(progress, "save", f"writing {folder}")
+        record = {
+            **identity,
+            "model_id": model_id,
+            "onnx": {"path": str(exported.path), "dtype": dtype},
+            "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "build_s": round(build_s, 2),
+            "verified": None,
+        }
+        try:
+            record = cache.write_entry(folder, memoryview(serialized), record)
+        except OSError as e:
+            raise EngineBuildError(f"cannot write the engine under {cache_dir}: {e}") from e
+        logger.info("built %s in %.1f s (%d MB)", folder, build_s, record["engine"]["size"] // 10**6)
+        emit(progress, "done", f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}")
+        return BuiltEngine(folder / cache.ENGINE_FILE, record, False, build_s, notice)
 
 
 def make_logger(trt: Any) -> Any:

@@ -12,8 +12,12 @@ Layout under the cache folder (``<store>/engines`` in the app)::
 ``key`` hashes the ONNX files (their sha256), the build options, the flavour and its version,
 the targets and the builder code. An entry is reused only when its record says exactly that
 (else it is "foreign": another TensorRT version or GPU) and the engine file matches its size and
-sha256 (else truncated or corrupt); anything else is reported and rebuilt. Tuning caches carry
-a small header with their own sha256, so a damaged one is ignored with a warning instead of
+sha256 (else truncated or corrupt); anything else is reported and rebuilt. A record whose
+fields have unexpected types (or that lacks the engine's size and sha256) is unusable as a
+whole: listed as such and rebuilt, never half-read. A build holds its entry's lock
+(``engines/cache_lock.py``, ``_locks/<entry>.lock``) from the cache check until the engine is
+in place; ``assistant engine clear`` skips entries whose lock is held. Tuning caches carry a
+small header with their own sha256, so a damaged one is ignored with a warning instead of
 reaching TensorRT.
 """
 
@@ -23,11 +27,12 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from engines.cache_lock import LOCKS_DIR, EntryLock, staging_dir, sweep_staging
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +42,20 @@ CACHES_DIR = "_caches"
 BLOB_MAGIC = b"assistant-trt-cache/1\n"
 # Fields of engine.json that must equal what the caller expects; a difference means foreign.
 IDENTITY = ("key", "flavour", "version", "targets", "device", "precision", "onnx_sha256")
+# The JSON type each field of engine.json must have when present ("engine" must be).
+RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
+    **{name: str for name in ("key", "flavour", "version", "device", "precision", "onnx_sha256")},
+    **{name: str for name in ("model_id", "contract", "builder_code_sha256", "built_at")},
+    "targets": list,
+    "strongly_typed": bool,
+    "workspace_mib": int,
+    "optimization_level": int,
+    "build_s": (int, float),
+    "profile": dict,
+    "onnx": dict,
+    "verified": (dict, type(None)),
+    "engine": dict,
+}
 
 
 def sha256_file(path: Path) -> str:
@@ -88,17 +107,46 @@ class EngineEntry:
         )
 
 
+def check_record(record: Any) -> None:
+    """Check the shape of a decoded engine.json as a whole.
+
+    Raises:
+        ValueError: Not an object, no engine size and sha256, or a field of another type
+            than this code writes (names the field).
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"{type(record).__name__} where a JSON object belongs")
+    for name, kinds in RECORD_TYPES.items():
+        value = record.get(name)
+        if name not in record and name != "engine":
+            continue
+        if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool):
+            raise ValueError(f"{name!r} is {value!r}, of the wrong type")
+    engine, verified = record["engine"], record.get("verified")
+    if type(engine.get("size")) is not int or not isinstance(engine.get("sha256"), str):
+        raise ValueError(f"'engine' is {engine!r}, not {{size, sha256}}")
+    if not all(isinstance(t, str) for t in record.get("targets", [])):
+        raise ValueError(f"'targets' is {record['targets']!r}, not a list of names")
+    if verified is not None and not isinstance(verified.get("passed"), bool):
+        raise ValueError(f"'verified' is {verified!r}, without a true/false 'passed'")
+    profile = record.get("profile", {})
+    if not all(isinstance(v, int | None) for v in profile.values()):
+        raise ValueError(f"'profile' is {profile!r}, not token counts")
+
+
 def read_record(folder: Path) -> dict[str, Any]:
-    """The engine.json of ``folder``.
+    """The engine.json of ``folder``, checked by :func:`check_record`.
 
     Raises:
         FileNotFoundError: No record (an interrupted build).
-        ValueError: Not a JSON object.
+        ValueError: Not JSON, or JSON of the wrong shape.
     """
-    record = json.loads((folder / RECORD_FILE).read_text())
-    if not isinstance(record, dict):
-        raise ValueError("not a JSON object")
-    return record
+    try:
+        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(str(e)) from e
+    check_record(record)
+    return dict(record)
 
 
 def check_entry(folder: Path, expected: dict[str, Any] | None = None) -> str | None:
@@ -139,7 +187,7 @@ def write_entry(folder: Path, engine: memoryview | bytes, record: dict[str, Any]
     """
     folder.parent.mkdir(parents=True, exist_ok=True)
     data = memoryview(engine)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as tmp:
+    with staging_dir(folder) as tmp:
         staged = Path(tmp) / "out"
         staged.mkdir()
         (staged / ENGINE_FILE).write_bytes(data)
@@ -172,25 +220,55 @@ def list_entries(cache_dir: Path, *, check_files: bool = True) -> list[EngineEnt
     for folder in sorted(p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         try:
             record = read_record(folder)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
             record = {}
+            logger.info("%s: unusable record (%s)", folder, e)
         problem = check_entry(folder) if check_files or not record else None
         entries.append(EngineEntry(folder, record, _folder_size(folder), problem))
     return entries
 
 
-def clear_entries(
-    cache_dir: Path, keep: Callable[[EngineEntry], bool] = lambda _e: False
-) -> list[EngineEntry]:
-    """Delete the engine folders ``keep`` rejects (all by default); returns what was removed."""
-    removed = []
-    for entry in list_entries(cache_dir, check_files=False):
-        if not keep(entry):
-            shutil.rmtree(entry.folder, ignore_errors=True)
-            removed.append(entry)
-    for stale in cache_dir.glob(".*-*") if cache_dir.is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)  # leftovers of interrupted builds
-    return removed
+@dataclass(frozen=True)
+class Cleared:
+    """What :func:`clear_entries` did.
+
+    ``removed`` entries; ``busy`` ones skipped because a build holds them (with the builder's
+    pid); ``swept`` staging folders of interrupted builds (with their sizes in bytes).
+    """
+
+    removed: list[EngineEntry]
+    busy: list[tuple[EngineEntry, str]]
+    swept: list[tuple[Path, int]]
+
+
+def clear_entries(cache_dir: Path, keep: Callable[[EngineEntry], bool] = lambda _e: False) -> Cleared:
+    """Delete the engine folders ``keep`` rejects (all by default), except those being built.
+
+    Each folder is deleted under its entry lock, so a build in progress (which holds it) keeps
+    its entry; staging folders of interrupted builds are swept.
+    """
+    removed, busy = [], []
+    entries = list_entries(cache_dir, check_files=False)
+    for entry in entries:
+        lock = EntryLock(entry.folder)
+        if not lock.acquire(wait=False):
+            busy.append((entry, lock.holder()))
+            continue
+        try:
+            if not keep(entry):
+                shutil.rmtree(entry.folder, ignore_errors=True)
+                removed.append(entry)
+        finally:
+            lock.release()
+    # First builds of an entry have no folder yet: their lock alone says they are running.
+    known = {e.folder.name for e in entries}
+    for lock_file in sorted((cache_dir / LOCKS_DIR).glob("*.lock")) if cache_dir.is_dir() else ():
+        lock = EntryLock(cache_dir / lock_file.stem)
+        if lock_file.stem not in known and not lock.acquire(wait=False):
+            busy.append((EngineEntry(lock.folder, {}, 0, "being built"), lock.holder()))
+        lock.release()
+    # As before the locks, clearing takes every unlocked staging folder, old versions' too.
+    return Cleared(removed, busy, sweep_staging(cache_dir, unmarked_stale_s=0.0))
 
 
 def tuning_caches(cache_dir: Path) -> list[Path]:
