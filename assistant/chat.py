@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 import threading
 from typing import TextIO
@@ -20,8 +21,21 @@ def stats_line(reply: Reply) -> str:
     )
 
 
+NOT_UTF8 = "(input not valid UTF-8: its bad bytes are read as \ufffd; set the terminal to UTF-8)"
+
+
+def _as_utf8(line: str) -> str:
+    """``line`` with bytes that were not UTF-8 (read as surrogate escapes) replaced by U+FFFD."""
+    return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def run_chat(dialogue: Dialogue, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
-    """Read lines until EOF; Ctrl-C stops the current reply, a second Ctrl-C at the prompt quits."""
+    """Read lines until EOF; Ctrl-C stops the current reply, a second Ctrl-C at the prompt quits.
+
+    A line that is not valid UTF-8 is answered with its bad bytes replaced (and a notice).
+    """
+    if isinstance(stdin, io.TextIOWrapper):
+        stdin.reconfigure(errors="surrogateescape")  # else one bad byte ends the chat
     interactive = stdin.isatty()
     stdout.write(f"assistant ready ({dialogue.decoder.name}); type a message, Ctrl-D to quit\n")
     while True:
@@ -35,7 +49,9 @@ def run_chat(dialogue: Dialogue, stdin: TextIO = sys.stdin, stdout: TextIO = sys
             return 0
         if not line:
             return 0
-        text = line.strip()
+        text = _as_utf8(line).strip()
+        if text != line.strip():
+            stdout.write(NOT_UTF8 + "\n")
         if not text:
             continue
         cancel = threading.Event()
