@@ -118,6 +118,7 @@ FULL_TENSORRT_ONLY = {
 # happen to be member names of some TensorRT class too.
 NOT_TENSORRT = {"append", "clear", "destroy", "dtype", "engine", "itemsize", "max", "min", "opt", "nbytes"}
 NOT_TENSORRT |= {"metadata", "num_layers", "update", "DEBUG"}
+NOT_TENSORRT |= {"read"}  # ExportRecord.read and file reads, not IStreamReader.read
 
 
 def resolve(path: str) -> Any:
