@@ -163,8 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Local low-latency voice assistant. Without a subcommand: the terminal UI.",
     )
     _common(parser)
+    # SUPPRESS on both: `assistant --export-dir X run` keeps X (the subparser's default would win).
     parser.add_argument(
-        "--export-dir", type=Path, metavar="DIR", help="UI: where 'e' writes the latency report (default .)"
+        "--export-dir",
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="UI: where 'e' writes the latency report (default .)",
     )
     sub = parser.add_subparsers(dest="command")
     chat = sub.add_parser("chat", help="text chat on stdin/stdout with a latency line per turn")
@@ -181,7 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", type=Path, metavar="JSONL", help="append every pipeline event, timestamped, one per line"
     )
     run.add_argument("--no-tui", action="store_true", help="live microphone and speaker, events on stdout")
-    run.add_argument("--export-dir", type=Path, metavar="DIR", help="UI: where 'e' writes the latency report")
+    run.add_argument(
+        "--export-dir",
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="UI: where 'e' writes the latency report",
+    )
     _common(run)
     devices = sub.add_parser("devices", help="list audio input and output devices")
     _common(devices)
@@ -305,8 +316,11 @@ def _chat(settings: Settings) -> int:
     from assistant.llm import load_llm
 
     decoder, tokenizer = load_llm(settings.models, settings.decoder, settings.engine)
-    dialogue = Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options())
-    return run_chat(dialogue)
+    options = settings.generation.options()
+    try:
+        return run_chat(Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, options))
+    finally:
+        decoder.close()  # TensorRT saves its runtime cache here
 
 
 def _devices() -> int:

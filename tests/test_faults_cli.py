@@ -284,3 +284,36 @@ async def test_ui_in_a_40x12_terminal_keeps_the_conversation_readable_and_every_
     assert "Berlin is" in text  # the reply being spoken is on screen
     for key in ("space Listen", "m Mute", "t Type", "b Barge-in", "e Export", "l Log", "q Quit"):
         assert key in text, textwrap.indent(text, "  ")
+
+
+# --- small ones found since the audit ------------------------------------------------------
+
+
+def test_export_dir_given_before_the_subcommand_is_kept():
+    """``assistant --export-dir X run``: the ``run`` subparser's own default must not reset X."""
+    from assistant.__main__ import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--export-dir", "reports", "run"]).export_dir == Path("reports")
+    assert parser.parse_args(["run", "--export-dir", "r2"]).export_dir == Path("r2")
+    assert not hasattr(parser.parse_args(["run"]), "export_dir")  # the UI falls back to "."
+
+
+@pytest.mark.slow
+def test_chat_closes_its_decoder_when_stdin_ends(tmp_path, monkeypatch):
+    """``chat`` must close the decoder: a TensorRT step saves its runtime cache only there.
+
+    The real SmolLM2 on the PyTorch backend; ``DecoderDriver.close`` is wrapped to count calls.
+    """
+    import io
+
+    from assistant import __main__ as cli
+    from engines.driver import DecoderDriver
+
+    closed: list[str] = []
+    real_close = DecoderDriver.close
+    monkeypatch.setattr(DecoderDriver, "close", lambda self: (closed.append(self.name), real_close(self)))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Say yes.\n"))
+    settings = load_settings(config_file=None, env={}, overrides={"decoder.backend": "pytorch"})
+    assert cli._chat(settings) == 0
+    assert len(closed) == 1, closed
