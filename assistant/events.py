@@ -153,10 +153,29 @@ class SpeculationDiscarded(Event):
 
 @dataclass(frozen=True)
 class TranscriptReady(Event):
-    """ASR finished; ``t_ns`` is when the text was available."""
+    """ASR finished; ``t_ns`` is when the text was available.
+
+    ``held_turns`` are the turns cut for length (each ended by ``TurnHeld``) whose speech
+    this turn continues: ``text`` is then the whole long utterance, all of it answered once.
+    """
 
     text: str = ""
     asr_ms: float = 0.0
+    held_turns: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TurnHeld(Event):
+    """Turn ``turn_id`` was cut for length while the user went on (``SpeechEnded.cut``).
+
+    Its speech is held, not answered: it is answered together with the speech that continues
+    it, once that ends. ``text`` is the held speech transcribed so far (its 30 s clips that
+    are final; may be empty), ``pending_ms`` the held audio not transcribed yet. Ends the
+    turn without a reply or a record.
+    """
+
+    text: str = ""
+    pending_ms: float = 0.0
 
 
 @dataclass(frozen=True)
