@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -26,55 +25,8 @@ import pytest
 from assistant.asr import WINDOW_S, quiet_clips
 from assistant.events import AudioStarted, Event, SpeechEnded, TurnHeld
 from assistant.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
-from tests.speech import silence, speak
+from tests.speech import COUNT, missing_numbers, numbered_sentences, silence, speak
 from tests.test_turn_taking import converse, live_session  # noqa: F401 (a fixture)
-
-WORDS = (
-    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty"
-).split()
-FILLER = [  # no number words in them, so a number in the transcript comes from "number N"
-    "The weather is mild and the sky is clear over the hills.",
-    "My neighbour bakes bread every morning before sunrise.",
-    "The train to the coast leaves from the northern platform.",
-    "We planted tomatoes and beans in the garden last spring.",
-    "The library closes early on public holidays.",
-    "A gentle breeze moved the curtains in the kitchen.",
-    "The children painted a picture of a purple elephant.",
-    "Our cat sleeps on the warm windowsill all afternoon.",
-    "The museum shows old maps of the river and the harbour.",
-    "Please remember to water the plants while I am away.",
-    "The bakery on the corner sells excellent cherry pies.",
-    "Heavy rain is expected along the valley tonight.",
-    "The orchestra played a quiet piece by candlelight.",
-    "He fixed the bicycle with a borrowed wrench.",
-    "The mountain road is closed because of fallen rocks.",
-    "She wrote a long letter to her grandmother in Spain.",
-    "The market sells fresh fish and ripe peaches on Saturdays.",
-    "A small boat drifted slowly across the silent lake.",
-    "The teacher explained how volcanoes form under the sea.",
-    "Bright lanterns lit the narrow street during the festival.",
-    "The farmer counted his sheep as the sun went down.",
-    "Our team finished the puzzle just before dinner.",
-    "The old clock in the hall chimes every hour.",
-    "Snow covered the fields and the roofs of the village.",
-]
-COUNT = len(FILLER)
-
-
-def number_word(n: int) -> str:
-    return WORDS[n - 1] if n <= 20 else f"twenty {WORDS[n - 21]}"
-
-
-def numbered_sentences(last: int) -> str:
-    return " ".join(f"Sentence number {number_word(n)}. {FILLER[n - 1]}" for n in range(1, last + 1))
-
-
-def missing_numbers(text: str, last: int = COUNT) -> list[int]:
-    """The numbers 1..``last`` that ``text`` lacks, as digits ("17", "17th") or words ("seventeen")."""
-    text = text.lower().replace("-", " ")
-    found = {n for n in range(1, last + 1) if re.search(rf"\b({n}(st|nd|rd|th)?|{number_word(n)})\b", text)}
-    return sorted(set(range(1, last + 1)) - found)
 
 
 @pytest.fixture(scope="module")
