@@ -194,3 +194,32 @@ def test_live_long_speech_is_cut_without_loss_and_answered_after_the_user_stops(
     (record,) = records  # one answer to the whole utterance
     assert len(started) == 1 and len(turns) == 1
     assert record.held_turns == [e.turn_id for e in events if isinstance(e, TurnHeld)] != []
+
+
+# --- the UI ---------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_ui_shows_held_speech_then_one_line_for_the_whole_utterance():
+    """A held turn shows its words so far; when the utterance is answered, one line holds all of it."""
+    from assistant.events import SpeechStarted, TranscriptReady
+    from assistant.tui.app import AssistantApp
+    from assistant.tui.messages import PipelineEvent, SessionReady
+    from tests.test_tui import INFO
+    from tests.tui_helpers import screen_text
+
+    app = AssistantApp(None, gpu=False)
+    first, whole = "Sentence number one.", "Sentence number one. Sentence number two."  # no line wraps
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.post_message(SessionReady(INFO, None, ()))
+        await pilot.pause()
+        for event in (SpeechStarted(1, 1), TurnHeld(1, 2, first, 4000.0), SpeechStarted(2, 3)):
+            app.post_message(PipelineEvent(event))
+        await pilot.pause()
+        text = screen_text(app)
+        assert f"you: {first} …" in text and "HEARING" in text, text
+        app.post_message(PipelineEvent(TranscriptReady(2, 4, whole, 300.0, held_turns=(1,))))
+        for _ in range(2):
+            await pilot.pause()
+        text = screen_text(app)
+        assert text.count("you:") == 1 and f"you: {whole}" in text, text
