@@ -25,7 +25,7 @@ import pytest
 from assistant.asr import WINDOW_S, quiet_clips
 from assistant.events import AudioStarted, Event, SpeechEnded, TurnHeld
 from assistant.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
-from tests.speech import COUNT, missing_numbers, numbered_sentences, silence, speak
+from tests.speech import COUNT, missing_numbers, numbered_sentences, silence, speak, trim
 from tests.test_turn_taking import converse, live_session  # noqa: F401 (a fixture)
 
 
@@ -115,6 +115,21 @@ def test_a_length_cut_falls_between_words_and_the_rest_opens_the_next_turn(long_
     assert max(quietness) < 0.25 and np.median(quietness) < 0.05, quietness
     # The speech after each cut is the next turn, and says so.
     assert all(after.after_cut for before, after in zip(ended, ended[1:], strict=False) if before.cut)
+
+
+def test_a_cut_in_the_final_silence_does_not_delay_the_end_or_invent_speech(tmp_path):
+    """The cut falls just after the last word: the silence already heard still counts towards the
+    end, and the continuation, holding no speech, gives ASR nothing to invent words from."""
+    speech = trim(speak("What is the capital of France?", tmp_path, "q"))
+    opts = VadOptions(max_utterance_s=(speech.size / SAMPLE_RATE_HZ) + 0.9, end_silence_ms=1000)
+    events = Endpointer(opts).feed_recording(np.concatenate([silence(0.5), speech, silence(3.0)]))
+    cut, final = [e for e in events if isinstance(e, SpeechEnded)]
+    spoken_until_ns = int((0.5 + speech.size / SAMPLE_RATE_HZ) * 1e9)  # feed_recording's clock
+    assert abs(final.speech_end_t_ns - spoken_until_ns) < 150e6  # the speech end is the real one
+    delay_ms = (final.t_ns - spoken_until_ns) / 1e6
+    assert delay_ms <= opts.end_silence_ms + 150, delay_ms  # not end_silence_ms after the cut
+    assert cut.cut and not final.cut and final.after_cut
+    assert final.audio.size == 0  # silence only after the cut
 
 
 # --- the pipeline: held pieces, one answer ---------------------------------------------------
