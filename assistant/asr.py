@@ -86,28 +86,34 @@ def _usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def first_clip_end(
-    samples: np.ndarray, window_s: float = WINDOW_S, search_s: float = CUT_SEARCH_S
-) -> int | None:
-    """Where the first clip of long speech ends (a sample offset), or None while it fits one window.
+def quiet_point(samples: np.ndarray, end: int, search_s: float = CUT_SEARCH_S) -> int:
+    """The quietest place in the ``search_s`` before sample ``end``: a sample offset to cut at.
 
-    The cut lies at the quietest 32 ms frame (by the mean energy of the
-    :data:`QUIET_SPAN_FRAMES` frames around it, so a stop consonant's short closure does not
-    win over a pause) in the last ``search_s`` before the window boundary, so a clip rarely
-    starts or ends inside a word. It depends only on the first ``window_s`` of audio: once
-    speech runs past the window, the clip is final even while more speech arrives.
+    Quietness is the mean energy of the :data:`QUIET_SPAN_FRAMES` 32 ms frames around a frame,
+    so the pause between sentences or words wins over a stop consonant's short closure.
     """
-    window, frame, span = int(window_s * SAMPLE_RATE_HZ), QUIET_FRAME_SAMPLES, QUIET_SPAN_FRAMES
-    if samples.size <= window:
-        return None
-    start = max(window - int(search_s * SAMPLE_RATE_HZ), frame)
-    n = (window - start) // frame
+    frame, span = QUIET_FRAME_SAMPLES, QUIET_SPAN_FRAMES
+    start = max(end - int(search_s * SAMPLE_RATE_HZ), frame)
+    n = (end - start) // frame
+    if n < 1:
+        return end
     energy = np.square(samples[start : start + n * frame].astype(np.float64)).reshape(n, frame).mean(axis=1)
     if n >= span:  # "valid" smoothing: no zero padding that would make the edges look quiet
         quiet = int(np.argmin(np.convolve(energy, np.ones(span), "valid"))) + span // 2
     else:
         quiet = int(np.argmin(energy))
     return start + quiet * frame + frame // 2
+
+
+def first_clip_end(samples: np.ndarray) -> int | None:
+    """Where the first clip of long speech ends, or None while it fits one window.
+
+    At the :func:`quiet_point` of the last :data:`CUT_SEARCH_S` before the 30 s window ends,
+    so a clip rarely starts or ends inside a word. It depends only on the first 30 s of
+    audio: once speech runs past the window, the clip is final even while more arrives.
+    """
+    window = WINDOW_S * SAMPLE_RATE_HZ
+    return None if samples.size <= window else quiet_point(samples, window)
 
 
 def quiet_clips(samples: np.ndarray) -> list[int]:
