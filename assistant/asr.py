@@ -19,6 +19,10 @@ from models.store import BUNDLED, ModelStore
 logger = logging.getLogger(__name__)
 
 MIN_AUDIO_S = 0.1  # shorter than this holds no word; skip the model
+WINDOW_S = 30  # Whisper's input window: longer audio is transcribed in clips of at most this
+CUT_SEARCH_S = 5.0  # a clip ends at the quietest point of the last 5 s before its window ends
+QUIET_FRAME_SAMPLES = 512  # 32 ms frames for the loudness search
+QUIET_SPAN_FRAMES = 5  # quietness of a frame = mean energy of the 160 ms around it (not a stop gap)
 FETCH_HINT = "run 'assistant models fetch'"
 HUB_HINT = " (a size name downloads from the Hugging Face hub: online only)"
 WAV_HINT = "16 kHz mono 16-bit PCM recommended; convert with: sox in.wav -r 16000 -c 1 -b 16 out.wav"
@@ -65,7 +69,8 @@ class TranscriptResult:
 
     ``asr_ms`` is wall time from calling the model to the last segment decoded
     (``time.monotonic_ns``). ``no_speech_prob`` is the maximum over segments (the most
-    doubtful part decides), 1.0 when the audio was too short to transcribe.
+    doubtful part decides), 1.0 when the audio was too short to transcribe. ``clips`` is
+    how many pieces the audio was transcribed in (1 up to :data:`WINDOW_S`).
     """
 
     text: str
@@ -73,11 +78,51 @@ class TranscriptResult:
     asr_ms: float
     language: str
     no_speech_prob: float
+    clips: int = 1
 
 
 def _usable_cores() -> int:
     # The affinity mask honours taskset/cgroup cpusets (Linux only); cpu_count counts the host.
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def quiet_point(samples: np.ndarray, end: int, search_s: float = CUT_SEARCH_S) -> int:
+    """The quietest place in the ``search_s`` before sample ``end``: a sample offset to cut at.
+
+    Quietness is the mean energy of the :data:`QUIET_SPAN_FRAMES` 32 ms frames around a frame,
+    so the pause between sentences or words wins over a stop consonant's short closure.
+    """
+    frame, span = QUIET_FRAME_SAMPLES, QUIET_SPAN_FRAMES
+    start = max(end - int(search_s * SAMPLE_RATE_HZ), frame)
+    n = (end - start) // frame
+    if n < 1:
+        return end
+    energy = np.square(samples[start : start + n * frame].astype(np.float64)).reshape(n, frame).mean(axis=1)
+    if n >= span:  # "valid" smoothing: no zero padding that would make the edges look quiet
+        quiet = int(np.argmin(np.convolve(energy, np.ones(span), "valid"))) + span // 2
+    else:
+        quiet = int(np.argmin(energy))
+    return start + quiet * frame + frame // 2
+
+
+def first_clip_end(samples: np.ndarray) -> int | None:
+    """Where the first clip of long speech ends, or None while it fits one window.
+
+    At the :func:`quiet_point` of the last :data:`CUT_SEARCH_S` before the 30 s window ends,
+    so a clip rarely starts or ends inside a word. It depends only on the first 30 s of
+    audio: once speech runs past the window, the clip is final even while more arrives.
+    """
+    window = WINDOW_S * SAMPLE_RATE_HZ
+    return None if samples.size <= window else quiet_point(samples, window)
+
+
+def quiet_clips(samples: np.ndarray) -> list[int]:
+    """Sample offsets ``[0, cut_1, ..., len]`` of ``samples``' clips, each one window at most."""
+    cuts = [0]
+    while (end := first_clip_end(samples[cuts[-1] :])) is not None:
+        cuts.append(cuts[-1] + end)
+    cuts.append(samples.size)
+    return cuts
 
 
 def _resolve(model: str, store: ModelStore) -> str:
@@ -144,11 +189,16 @@ class Transcriber:
         self._run(noise)
         return (time.monotonic_ns() - start_ns) / 1e6
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False) -> TranscriptResult:
+    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
         """Transcribe one utterance of 16 kHz mono float32 samples in [-1, 1].
 
         Audio shorter than 0.1 s returns an empty transcript without running the model.
         ``quick`` decodes greedily (beam 1): for partial transcripts of speech in progress.
+        Audio longer than Whisper's 30 s window is cut at quiet points into clips
+        (:func:`quiet_clips`) decoded with timestamps, so nothing between windows is dropped;
+        shorter audio takes the faster path without timestamps, unless ``long_form`` says it
+        is a clip of longer speech (then a decode that stops short resumes after its last
+        complete segment instead of dropping the clip's end).
         """
         samples = np.ascontiguousarray(audio, dtype=np.float32).squeeze()
         if samples.ndim > 1:
@@ -158,22 +208,35 @@ class Transcriber:
         if samples.size < MIN_AUDIO_S * SAMPLE_RATE_HZ:
             return TranscriptResult("", audio_ms, 0.0, self.options.language or "", 1.0)
         start_ns = time.monotonic_ns()
-        segments, info = self._run(samples, 1 if quick else self.options.beam_size)
+        long_form = long_form or samples.size > WINDOW_S * SAMPLE_RATE_HZ
+        cuts = quiet_clips(samples) if long_form else None
+        segments, info = self._run(samples, 1 if quick else self.options.beam_size, cuts)
         asr_ms = (time.monotonic_ns() - start_ns) / 1e6
         text = "".join(s.text for s in segments).strip()
         no_speech = max((s.no_speech_prob for s in segments), default=1.0)
-        return TranscriptResult(text, audio_ms, asr_ms, info.language, float(no_speech))
+        clips = len(cuts) - 1 if cuts else 1
+        return TranscriptResult(text, audio_ms, asr_ms, info.language, float(no_speech), clips)
 
-    def _run(self, samples: np.ndarray, beam_size: int | None = None) -> tuple[list[Any], Any]:
+    def _run(
+        self, samples: np.ndarray, beam_size: int | None = None, cuts: list[int] | None = None
+    ) -> tuple[list[Any], Any]:
         opts = self.options
-        # Our VAD already endpointed the utterance; each turn stands alone.
+        # Up to one window: no timestamps (fewer tokens to decode, today's fast path). Longer
+        # audio without them is cut into fixed 30 s windows wherever they fall: the word across
+        # a boundary is lost, and a window that starts mid-word decoded so badly (log-prob -2)
+        # that faster-whisper skipped it as "no speech" (issue #8: 11 of 24 numbered sentences
+        # of a 122 s recording kept). With timestamps each window resumes after the last
+        # complete segment, and ``clip_timestamps`` starts each window at a quiet point.
+        times_s = [c / SAMPLE_RATE_HZ for c in cuts or []]
+        clips_s = [t for pair in zip(times_s, times_s[1:], strict=False) for t in pair]  # start, end, ...
         segments, info = self.model.transcribe(
             samples,
             language=opts.language,
             beam_size=beam_size or opts.beam_size,
-            vad_filter=False,
-            condition_on_previous_text=False,
-            without_timestamps=True,
+            vad_filter=False,  # our VAD already endpointed the utterance
+            condition_on_previous_text=False,  # each turn (and clip) stands alone
+            without_timestamps=cuts is None,
+            clip_timestamps=clips_s or "0",  # "0": faster-whisper's default, the whole audio
         )
         return list(segments), info  # the segments are a lazy generator: decode now
 

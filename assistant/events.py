@@ -60,13 +60,16 @@ class SpeechEnded(Event):
     ``t_ns`` is when the endpoint was detected (trailing silence long enough, or the length
     cap reached); ``speech_end_t_ns`` is when the last speech sample was captured, so
     endpointing delay = ``t_ns - speech_end_t_ns``. ``audio`` is 16 kHz mono float32 including
-    the pre-roll. ``cut`` is true when the maximum utterance length ended it (the speech
-    continues into the next utterance, nothing is dropped).
+    the pre-roll. ``cut`` is true when the maximum utterance length ended it at a quiet
+    point: the speech continues into the next utterance (nothing is dropped), whose events
+    carry ``after_cut``; the reply waits for the end of that (``TurnHeld``). ``audio`` of an
+    utterance after a cut that holds no speech is empty.
     """
 
     speech_end_t_ns: int = 0
     audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
     cut: bool = False
+    after_cut: bool = False
 
     @property
     def duration_ms(self) -> float:
@@ -80,10 +83,12 @@ class SpeechPaused(Event):
 
     ``t_ns`` is when the pause was detected, ``speech_end_t_ns`` when the last speech sample
     was captured; ``audio`` is the utterance so far (what speculative ASR transcribes).
+    ``after_cut``: the utterance continues one cut at ``max_utterance_s`` (``SpeechEnded.cut``).
     """
 
     speech_end_t_ns: int = 0
     audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
+    after_cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,10 +153,29 @@ class SpeculationDiscarded(Event):
 
 @dataclass(frozen=True)
 class TranscriptReady(Event):
-    """ASR finished; ``t_ns`` is when the text was available."""
+    """ASR finished; ``t_ns`` is when the text was available.
+
+    ``held_turns`` are the turns cut for length (each ended by ``TurnHeld``) whose speech
+    this turn continues: ``text`` is then the whole long utterance, all of it answered once.
+    """
 
     text: str = ""
     asr_ms: float = 0.0
+    held_turns: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TurnHeld(Event):
+    """Turn ``turn_id`` was cut for length while the user went on (``SpeechEnded.cut``).
+
+    Its speech is held, not answered: it is answered together with the speech that continues
+    it, once that ends. ``text`` is the held speech transcribed so far (its 30 s clips that
+    are final; may be empty), ``pending_ms`` the held audio not transcribed yet. Ends the
+    turn without a reply or a record.
+    """
+
+    text: str = ""
+    pending_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class TurnRecord:
     resumed: int = 0  # times the user went on after a pause (or after the endpoint)
     discarded: int = 0  # speculative attempts thrown away
     partials: int = 0  # partial transcripts shown while the user spoke
+    held_turns: list[int] = field(default_factory=list)  # turns cut for length answered with this one
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -153,6 +154,7 @@ def build_record(
         elif isinstance(e, TranscriptReady):
             ts["transcript"] = e.t_ns
             rec.transcript = e.text
+            rec.held_turns = list(e.held_turns)
         elif isinstance(e, PromptSubmitted):
             ts["prompt_submitted"] = e.t_ns
             rec.prompt_tokens, rec.reused_tokens = e.prompt_tokens, e.reused_tokens

@@ -51,6 +51,9 @@ class LiveLoop:
     endpoint but before the reply's first audio joins the same turn (the pending reply is
     discarded); from the reply's first audio on, the microphone is ignored (so the assistant
     does not hear itself) unless barge-in is on, in which case speech interrupts the reply.
+    A turn cut for length (``SpeechEnded.cut``: the user is still speaking) is not answered:
+    its speech is held (``TurnHeld``) and answered with the turn that continues it, so nothing
+    plays while the user speaks and the answer is to the whole utterance.
 
     ``listening`` and ``muted`` gate the microphone (both must allow it); ``on_level``
     receives a ``MicLevel`` about every 100 ms while capturing. Typed messages go through
@@ -169,6 +172,10 @@ class LiveLoop:
                     self._start(event.turn_id, self.pipeline.run_turn, event, confirmed=False)
             elif isinstance(event, SpeechEnded):
                 self._partial_audio_ms = 0.0
+                if event.cut and ours is not None:  # speculation on speech that goes on: drop it
+                    ours.gate.discard("cut for length")
+                    ours.cancel.set()
+                    ours = None
                 if ours is not None and not ours.gate.confirmed.is_set():
                     ours.gate.confirm()
                     self.pipeline.emit(SpeculationConfirmed(event.turn_id, time.monotonic_ns()))

@@ -13,12 +13,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from assistant.asr import first_clip_end
 from assistant.audio import AudioSink
 from assistant.dialogue import Dialogue, Reply
 from assistant.events import (
@@ -37,6 +38,7 @@ from assistant.events import (
     TranscriptReady,
     TurnCancelled,
     TurnDone,
+    TurnHeld,
 )
 from assistant.files import append_line
 from assistant.latency import TurnRecord, build_record
@@ -50,8 +52,11 @@ class Transcribes(Protocol):
 
     description: str
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False) -> object:
-        """Return an object with ``text`` and ``asr_ms`` (``quick``: greedy, for partials)."""
+    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> object:
+        """Return an object with ``text`` and ``asr_ms``.
+
+        ``quick``: greedy, for partials; ``long_form``: a clip of longer speech (timestamps).
+        """
         ...
 
 
@@ -88,6 +93,22 @@ class PipelineOptions:
     log_path: Path | None = None
 
 
+@dataclass
+class HeldSpeech:
+    """Speech of turns cut for length (``SpeechEnded.cut``) that is not answered yet.
+
+    ``texts`` are the transcripts of its clips that are final, ``audio`` the rest, not yet
+    transcribed. A clip is final once the held audio runs past its 30 s window
+    (:func:`~assistant.asr.first_clip_end`), so it is transcribed while the user still
+    speaks, cut where file mode would cut it; the turn that ends the utterance transcribes
+    the rest with its own audio.
+    """
+
+    turns: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+
+
 class ReplyGate:
     """Whether a turn's reply may be kept and played.
 
@@ -101,6 +122,7 @@ class ReplyGate:
     def __init__(self, confirmed: bool = True, claim_audio: Callable[[], bool] | None = None) -> None:
         self.confirmed = threading.Event()
         self.discarded = False
+        self.reason = ""
         self.claim_audio = claim_audio
         if confirmed:
             self.confirmed.set()
@@ -109,8 +131,9 @@ class ReplyGate:
         """The turn ended as speculated."""
         self.confirmed.set()
 
-    def discard(self) -> None:
-        """The user spoke again: throw the work away."""
+    def discard(self, reason: str = "speech resumed") -> None:
+        """The user spoke again (or the turn was cut for length): throw the work away."""
+        self.reason = reason
         self.discarded = True
         self.confirmed.set()  # wakes the waiters, who then see ``discarded``
 
@@ -151,6 +174,7 @@ class VoicePipeline:
         self._events_lock = threading.Lock()
         self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
         self._transcribing: set[int] = set()  # turns whose own ASR has started
+        self.held = HeldSpeech()  # only the turn threads touch it, one turn at a time
 
     def emit(self, event: Event) -> None:
         """Record an event and pass it on."""
@@ -170,7 +194,9 @@ class VoicePipeline:
 
         With an unconfirmed ``gate`` (speculation from a ``SpeechPaused``) the work starts at
         once but waits for the gate before playing or recording anything; a discarded gate
-        returns ``None`` and leaves no record (the user's turn goes on).
+        returns ``None`` and leaves no record (the user's turn goes on). An utterance cut for
+        length is only held (``TurnHeld``, returns ``None``, no record); the next turn that is
+        answered answers the held speech and its own together, as one question.
         """
         gate = gate or ReplyGate()
         turn = utterance.turn_id
@@ -183,20 +209,45 @@ class VoicePipeline:
         if not gate.confirmed.is_set():
             self.emit(SpeculationStarted(turn, start_ns, "asr"))
         self._transcribing.add(turn)  # a partial transcript finishing now would be stale
-        with self.asr_lock:
-            result = self.transcriber.transcribe(utterance.audio)
-        text = str(getattr(result, "text", "")).strip()
-        if gate.discarded:
-            self._discarded(turn, start_ns)
+        if isinstance(utterance, SpeechEnded) and utterance.cut:
+            self._hold(turn, utterance.audio)
             return None
-        self.emit(TranscriptReady(turn, time.monotonic_ns(), text, float(getattr(result, "asr_ms", 0.0))))
+        held = self.held
+        audio = np.concatenate([held.audio, utterance.audio]) if held.turns else utterance.audio
+        with self.asr_lock:
+            result = self.transcriber.transcribe(audio, long_form=bool(held.turns))
+        text = " ".join([*held.texts, str(getattr(result, "text", "")).strip()]).strip()
+        if gate.discarded:
+            self._discarded(turn, start_ns, gate.reason)
+            return None
+        asr_ms = float(getattr(result, "asr_ms", 0.0))
+        self.emit(TranscriptReady(turn, time.monotonic_ns(), text, asr_ms, tuple(held.turns)))
         if not text:
             if not gate.wait(cancel):
-                self._discarded(turn, start_ns)
+                self._discarded(turn, start_ns, gate.reason)
                 return None
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "no words recognised"))
-            return self._finish(turn)
-        return self._answer(turn, text, sink, cancel, gate, start_ns)
+            record: TurnRecord | None = self._finish(turn)
+        else:
+            record = self._answer(turn, text, sink, cancel, gate, start_ns)
+        if record is not None and self.held is held:
+            self.held = HeldSpeech()  # answered: the next long utterance starts afresh
+        return record
+
+    def _hold(self, turn: int, audio: np.ndarray) -> None:
+        """Keep a turn cut for length; transcribe the held speech's clips that became final."""
+        held = self.held
+        held.turns.append(turn)
+        held.audio = np.concatenate([held.audio, audio])
+        while (end := first_clip_end(held.audio)) is not None:
+            with self.asr_lock:
+                result = self.transcriber.transcribe(held.audio[:end], long_form=True)
+            if text := str(getattr(result, "text", "")).strip():
+                held.texts.append(text)
+            held.audio = held.audio[end:]
+        self._transcribing.discard(turn)
+        pending_ms = 1000.0 * held.audio.size / SAMPLE_RATE_HZ
+        self.emit(TurnHeld(turn, time.monotonic_ns(), " ".join(held.texts), pending_ms))
 
     def run_text_turn(
         self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event
@@ -241,7 +292,7 @@ class VoicePipeline:
                 tts.join()
         if not gate.wait(cancel):
             reply.discard()
-            self._discarded(turn, start_ns)
+            self._discarded(turn, start_ns, gate.reason)
             return None
         reply.confirm()  # now the exchange is part of the conversation
         if sink is not None:
@@ -260,10 +311,10 @@ class VoicePipeline:
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "interrupted", heard))
         return self._finish(turn)
 
-    def _discarded(self, turn: int, start_ns: int) -> None:
+    def _discarded(self, turn: int, start_ns: int, reason: str = "") -> None:
         self._transcribing.discard(turn)  # the user goes on: partial transcripts again
         work_ms = (time.monotonic_ns() - start_ns) / 1e6
-        self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), "speech resumed", work_ms))
+        self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), reason or "speech resumed", work_ms))
 
     def partial_transcript(self, turn: int, audio: np.ndarray) -> None:
         """Transcribe the utterance in progress for the live display (``PartialTranscript``).

@@ -270,5 +270,5 @@ class _NoAsr:
 
     description = "none"
 
-    def transcribe(self, audio: object, quick: bool = False) -> object:
+    def transcribe(self, audio: object, quick: bool = False, long_form: bool = False) -> object:
         raise RuntimeError("no ASR model loaded (text mode)")

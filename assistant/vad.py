@@ -6,7 +6,7 @@ import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -26,6 +26,8 @@ CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
 CHUNK_NS = CHUNK_SAMPLES * 1_000_000_000 // SAMPLE_RATE_HZ
 CHUNK_MS = CHUNK_NS / 1e6
+CUT_CONTEXT_S = 8  # audio before a length cut that the end-of-turn policy still hears (Smart Turn reads 8 s)
+QUIET_SPAN_CHUNKS = 3  # a chunk's quietness: mean energy of it and its neighbours (96 ms, not a stop gap)
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,9 @@ class VadOptions:
     longer adds directly to voice-to-voice latency; see docs); with turn detection
     (``assistant.turn``) a model decides. ``onset_ms`` of speech raises ``SpeechOnset`` (what
     barge-in reacts to: short, so the reply stops within 200 ms). ``pre_roll_ms`` of audio
-    before the onset is kept so soft first syllables reach ASR. An utterance longer than
-    ``max_utterance_s`` is cut into a turn and the rest starts the next one.
+    before the onset is kept so soft first syllables reach ASR. An utterance that reaches
+    ``max_utterance_s`` is cut at the quietest 32 ms chunk of its last ``cut_search_ms``
+    (between words rather than inside one); the rest starts the next turn at once.
     """
 
     threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
@@ -48,6 +51,17 @@ class VadOptions:
     end_silence_ms: int = field(default=400, metadata=bounds(min=1, max=60_000))
     pre_roll_ms: int = field(default=300, metadata=bounds(min=0, max=60_000))
     max_utterance_s: float = field(default=20.0, metadata=bounds(above=0.0, max=3600.0))
+    cut_search_ms: int = field(default=1000, metadata=bounds(min=0, max=60_000))
+
+
+class _Closed(NamedTuple):
+    """The last turn's utterance, kept until sealed: later speech may still join it."""
+
+    turn_id: int
+    chunks: list[np.ndarray]
+    flags: list[bool]
+    after_cut: bool
+    context: list[np.ndarray]
 
 
 class EndOfTurn(Protocol):
@@ -132,9 +146,14 @@ class Endpointer:
     (``onset_ms`` of speech), ``SpeechStarted`` (``min_speech_ms``: a turn), ``SpeechPaused``
     (``pause_ms`` of silence, at most the policy's), ``TurnDecision`` (the policy looked), ``SpeechResumed``
     (speech again after a pause, ``onset_ms`` long) and ``SpeechEnded`` (the policy said the
-    turn is complete, or ``max_utterance_s`` cut it). Until :meth:`seal` is called, speech
+    turn is complete, or ``max_utterance_s`` cut it: ``cut``). Until :meth:`seal` is called, speech
     after ``SpeechEnded`` continues that turn (``SpeechResumed(after_endpoint=True)``): the
     reply has not started, so the user has not been answered yet.
+
+    A length cut falls at a quiet chunk near the limit; the audio after it opens the next turn
+    (``SpeechStarted`` at the cut), whose ``SpeechPaused``/``SpeechEnded`` say ``after_cut``.
+    Silence under way at the cut still counts towards that turn's end, and its end-of-turn
+    policy hears the last :data:`CUT_CONTEXT_S` before the cut too.
     """
 
     def __init__(
@@ -153,13 +172,16 @@ class Endpointer:
         pre_chunks = max(1, options.pre_roll_ms * SAMPLE_RATE_HZ // 1000 // CHUNK_SAMPLES)
         self.pre_roll: deque[np.ndarray] = deque(maxlen=pre_chunks)
         self.next_turn_id = 1
-        self.closed: tuple[int, list[np.ndarray]] | None = None  # the last turn, until sealed
+        self.closed: _Closed | None = None  # the last turn, until sealed
         self._reset_utterance()
 
     def _reset_utterance(self) -> None:
         self.in_speech = False
         self.turn_id = 0  # non-zero once the speech is long enough to be a turn
         self.chunks: list[np.ndarray] = []
+        self.flags: list[bool] = []  # per chunk: did the VAD call it speech
+        self.after_cut = False  # this utterance continues one cut at max_utterance_s
+        self.context: list[np.ndarray] = []  # the cut utterance's end, for the end-of-turn policy
         self.speech_chunks = 0
         self.silence_chunks = 0
         self.onset_sent = False
@@ -203,7 +225,14 @@ class Endpointer:
         return events
 
     def _audio(self) -> np.ndarray:
+        """The utterance for ASR: empty when it only continues a cut and holds no speech."""
+        if self.after_cut and not any(self.flags):
+            return np.zeros(0, np.float32)  # silence alone would only invite Whisper to invent words
         return np.concatenate(self.chunks)
+
+    def _policy_audio(self) -> np.ndarray:
+        """What the end-of-turn policy hears: the utterance, after a cut with the audio before it."""
+        return np.concatenate(self.context + self.chunks)
 
     def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
         opts = self.options
@@ -216,7 +245,9 @@ class Endpointer:
             self.in_speech = True
             self.onset_t_ns = t_end_ns - CHUNK_NS
             self.chunks = list(self.pre_roll)
+            self.flags = [False] * len(self.chunks)
         self.chunks.append(chunk)
+        self.flags.append(speech)
         events: list[Event] = []
         onset_chunks = max(1, round(opts.onset_ms / CHUNK_MS))
         if speech and self.paused:  # maybe the user goes on; a breath or click must not count
@@ -240,32 +271,69 @@ class Endpointer:
             self.onset_sent = True
             if self.closed is not None and not self.turn_id:
                 # The last turn was not answered aloud yet: this speech is the rest of it.
-                turn, before = self.closed
-                self.closed = None
-                self.turn_id = turn
-                self.chunks = before + self.chunks
-                events.append(SpeechResumed(turn, t_end_ns, after_endpoint=True))
+                closed, self.closed = self.closed, None
+                self.turn_id, self.after_cut, self.context = closed.turn_id, closed.after_cut, closed.context
+                self.chunks = closed.chunks + self.chunks
+                self.flags = closed.flags + self.flags
+                events.append(SpeechResumed(closed.turn_id, t_end_ns, after_endpoint=True))
             else:
                 events.append(SpeechOnset(self.turn_id or self.next_turn_id, t_end_ns, self.onset_t_ns))
         if not self.turn_id and self.speech_chunks * CHUNK_NS >= opts.min_speech_ms * 1_000_000:
             # Long enough not to be a click or a cough: from here on it is a turn.
             self.turn_id = self._start_turn(self.onset_t_ns, events)
-        ended = self._decide(t_end_ns, events)
-        cut = not ended and len(self.chunks) * CHUNK_NS >= opts.max_utterance_s * 1e9
-        if not (ended or cut):
-            return events
-        end_t_ns = events[-1].t_ns if ended and events else t_end_ns
-        if self.turn_id:
+        if self._decide(t_end_ns, events):
+            if self.turn_id:
+                end_t_ns = events[-1].t_ns  # the decision's: it includes the model's inference
+                turn, speech_end, audio = self.turn_id, self.last_speech_t_ns, self._audio()
+                events.append(SpeechEnded(turn, end_t_ns, speech_end, audio, after_cut=self.after_cut))
+                self.closed = _Closed(turn, list(self.chunks), list(self.flags), self.after_cut, self.context)
+            self._reset_utterance()
+            self.pre_roll.clear()
+        elif len(self.chunks) * CHUNK_NS >= opts.max_utterance_s * 1e9:
+            self._cut(t_end_ns, events)
+        return events
+
+    def _cut(self, t_end_ns: int, events: list[Event]) -> None:
+        """End the utterance at its quietest recent chunk; the rest opens the next turn at once."""
+        keep = self._quiet_cut()
+        rest, rest_flags = self.chunks[keep:], self.flags[keep:]
+        cut_t_ns = t_end_ns - len(rest) * CHUNK_NS  # when the last kept sample was captured
+        turn = self.turn_id
+        if turn:
+            self.chunks, self.flags = self.chunks[:keep], self.flags[:keep]
+            speech_end = min(self.last_speech_t_ns, cut_t_ns)
             audio = self._audio()
-            events.append(SpeechEnded(self.turn_id, end_t_ns, self.last_speech_t_ns, audio, cut))
-            self.closed = None if cut else (self.turn_id, list(self.chunks))
+            events.append(SpeechEnded(turn, t_end_ns, speech_end, audio, cut=True, after_cut=self.after_cut))
+        context = (self.context + self.chunks)[-round(CUT_CONTEXT_S * 1e9 / CHUNK_NS) :]
+        # Silence under way goes on counting: the user has been quiet that long already.
+        silence = 0 if self.resume_run else self.silence_chunks
+        last_speech_t_ns = self.last_speech_t_ns
         self._reset_utterance()
         self.pre_roll.clear()
-        if cut:  # the speaker goes on: the rest opens the next turn at once, nothing is dropped
-            self.in_speech = self.onset_sent = True
-            self.onset_t_ns = self.last_speech_t_ns = t_end_ns
-            self.turn_id = self._start_turn(t_end_ns, events)
-        return events
+        self.in_speech = self.onset_sent = True
+        self.after_cut = bool(turn)  # a cut before the speech made a turn (clicks) joins nothing
+        self.context = context if turn else []
+        self.chunks, self.flags = rest, rest_flags
+        self.speech_chunks = sum(rest_flags)
+        self.silence_chunks = silence
+        self.onset_t_ns, self.last_speech_t_ns = cut_t_ns, last_speech_t_ns
+        self.turn_id = self._start_turn(cut_t_ns, events)
+
+    def _quiet_cut(self) -> int:
+        """How many chunks to keep: through the quietest one among the last ``cut_search_ms``.
+
+        Quietness is the mean energy of a chunk and its neighbours, so the pause between two
+        words wins over the short closure before a "t" or "k"; the newest chunk cannot be a
+        candidate (no neighbour after it), so with no search window the cut is at the limit.
+        """
+        n = len(self.chunks)
+        search = min(round(self.options.cut_search_ms / CHUNK_MS), n - 2)
+        if search < 1:
+            return n
+        lo = n - 2 - search  # candidates lo+1 .. n-2, each with a neighbour on both sides
+        energy = [float(np.mean(np.square(c, dtype=np.float64))) for c in self.chunks[lo:]]
+        quiet = np.convolve(energy, np.ones(QUIET_SPAN_CHUNKS), "valid")  # quiet[j]: chunk lo+j+1
+        return lo + int(np.argmin(quiet)) + 2  # keep through the quietest chunk
 
     def _decide(self, t_end_ns: int, events: list[Event]) -> bool:
         """Whether the silence under way ends the utterance (pausing and asking the policy)."""
@@ -277,8 +345,10 @@ class Endpointer:
         if not self.paused and silence_ms >= self.pause_ms:
             self.paused = True
             self.policy.reset()
-            events.append(SpeechPaused(self.turn_id, t_end_ns, self.last_speech_t_ns, self._audio()))
-        decision = self.policy.decide(self.turn_id, self._audio, silence_ms, t_end_ns)
+            audio = self._audio()
+            speech_end = self.last_speech_t_ns
+            events.append(SpeechPaused(self.turn_id, t_end_ns, speech_end, audio, after_cut=self.after_cut))
+        decision = self.policy.decide(self.turn_id, self._policy_audio, silence_ms, t_end_ns)
         if decision is None:
             return False
         events.append(decision)

@@ -26,6 +26,7 @@ from assistant.events import (
     TranscriptReady,
     TurnDecision,
     TurnDone,
+    TurnHeld,
 )
 from assistant.files import atomic_write
 from assistant.latency import TurnRecord
@@ -136,6 +137,8 @@ class ConsoleReporter:
         elif isinstance(event, BargeIn):
             reaction_ms = (event.t_ns - event.onset_t_ns) / 1e6
             line = f"[turn {event.turn_id}] interrupted: reply stopped {reaction_ms:.0f} ms after you spoke"
+        elif isinstance(event, TurnHeld):
+            line = f"[turn {event.turn_id}] long speech cut for length: the answer waits until you stop"
         elif isinstance(event, TranscriptReady):
             line = f"[turn {event.turn_id}] you: {event.text or '(nothing recognised)'}"
         elif isinstance(event, SentenceReady):

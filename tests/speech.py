@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import wave
 from pathlib import Path
@@ -55,3 +56,63 @@ def write_wav(path: Path, audio: np.ndarray) -> Path:
         w.setframerate(SAMPLE_RATE_HZ)
         w.writeframes((np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes())
     return path
+
+
+# Long speech: numbered sentences, so a transcript shows at a glance which parts it lost.
+WORDS = (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
+FILLER = [  # no number words in them, so a number in the transcript comes from "number N"
+    "The weather is mild and the sky is clear over the hills.",
+    "My neighbour bakes bread every morning before sunrise.",
+    "The train to the coast leaves from the northern platform.",
+    "We planted tomatoes and beans in the garden last spring.",
+    "The library closes early on public holidays.",
+    "A gentle breeze moved the curtains in the kitchen.",
+    "The children painted a picture of a purple elephant.",
+    "Our cat sleeps on the warm windowsill all afternoon.",
+    "The museum shows old maps of the river and the harbour.",
+    "Please remember to water the plants while I am away.",
+    "The bakery on the corner sells excellent cherry pies.",
+    "Heavy rain is expected along the valley tonight.",
+    "The orchestra played a quiet piece by candlelight.",
+    "He fixed the bicycle with a borrowed wrench.",
+    "The mountain road is closed because of fallen rocks.",
+    "She wrote a long letter to her grandmother in Spain.",
+    "The market sells fresh fish and ripe peaches on Saturdays.",
+    "A small boat drifted slowly across the silent lake.",
+    "The teacher explained how volcanoes form under the sea.",
+    "Bright lanterns lit the narrow street during the festival.",
+    "The farmer counted his sheep as the sun went down.",
+    "Our team finished the puzzle just before dinner.",
+    "The old clock in the hall chimes every hour.",
+    "Snow covered the fields and the roofs of the village.",
+]
+COUNT = len(FILLER)  # numbered sentences: ~2 minutes of espeak-ng speech at 160 wpm
+
+
+def number_word(n: int) -> str:
+    """``17`` -> ``seventeen``, ``21`` -> ``twenty one``."""
+    return WORDS[n - 1] if n <= 20 else f"twenty {WORDS[n - 21]}"
+
+
+def numbered_sentences(last: int) -> str:
+    """ "Sentence number one. The weather is ..." up to sentence ``last`` (at most :data:`COUNT`)."""
+    return " ".join(f"Sentence number {number_word(n)}. {FILLER[n - 1]}" for n in range(1, last + 1))
+
+
+def _number_pattern(n: int) -> str:
+    """``n`` as digits ("17", "17th") or words, not as part of another number ("twenty one")."""
+    word = rf"\b{number_word(n)}\b"
+    if n <= 9:
+        word = rf"(?<!twenty ){word}"
+    elif n == 20:
+        word = rf"{word}(?! ({'|'.join(WORDS[:9])})\b)"
+    return rf"\b{n}(st|nd|rd|th)?\b|{word}"
+
+
+def missing_numbers(text: str, last: int = COUNT) -> list[int]:
+    """The numbers 1..``last`` that ``text`` lacks, as digits ("17", "17th") or words ("seventeen")."""
+    text = text.lower().replace("-", " ")
+    return [n for n in range(1, last + 1) if not re.search(_number_pattern(n), text)]

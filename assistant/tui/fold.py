@@ -19,6 +19,7 @@ from assistant.events import (
     TokenGenerated,
     TranscriptReady,
     TurnCancelled,
+    TurnHeld,
 )
 from assistant.tui.widgets import Conversation, StatusBar
 
@@ -27,7 +28,9 @@ class TurnFold:
     """The turns in flight: their events so far, and speculative reply text held back.
 
     A speculative reply (``SpeculationStarted``) is shown only once its turn is confirmed
-    (``SpeechEnded`` / ``SpeculationConfirmed``), and dropped if the user went on.
+    (``SpeechEnded`` / ``SpeculationConfirmed``), and dropped if the user went on. A turn cut
+    for length (``TurnHeld``) shows its words so far; the turn that answers it shows the whole
+    utterance and the held turns' lines go.
     """
 
     def __init__(self) -> None:
@@ -67,7 +70,15 @@ class TurnFold:
                 for text in self.held.pop(turn):
                     conversation.token(turn, text)
         elif isinstance(event, TranscriptReady):
+            for held in event.held_turns:
+                conversation.drop_user(held)
             conversation.user(turn, event.text)
+        elif isinstance(event, TurnHeld):  # no reply and no record: the speech goes on
+            conversation.partial(turn, event.text or "(long speech: listening on)")
+            self.turn_events.pop(turn, None)
+            self.held.pop(turn, None)
+            status.set(state="hearing")
+            return False
         elif isinstance(event, TokenGenerated):
             if turn in self.held:
                 self.held[turn].append(event.text)

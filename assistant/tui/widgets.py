@@ -63,6 +63,12 @@ class Conversation(VerticalScroll, can_focus=False):
         if turn in self._user:
             self._user[turn].add_class("hearing")
 
+    def drop_user(self, turn: int) -> None:
+        """Remove ``turn``'s user line (its words are shown with a later turn)."""
+        widget = self._user.pop(turn, None)
+        if widget is not None:
+            widget.remove()
+
     def user(self, turn: int, text: str) -> None:
         """The final transcript (or typed text) of ``turn``."""
         widget = self._user.get(turn) or self._add(Static(classes="user"))
