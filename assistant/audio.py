@@ -1,4 +1,4 @@
-"""Microphone capture and speaker playback with sounddevice (PortAudio), and device listing.
+"""Microphone capture and speaker playback with sounddevice (PortAudio); the file sink.
 
 The PortAudio callbacks only copy samples and read the clock; resampling, VAD and logging
 happen on the consumer's thread.
@@ -16,15 +16,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from assistant.devices import AudioDeviceError, find_device, portaudio
 from engines.bounds import bounds
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16000
-
-
-class AudioDeviceError(RuntimeError):
-    """No usable audio device, or the chosen one cannot be opened."""
 
 
 @dataclass(frozen=True)
@@ -34,73 +31,6 @@ class AudioOptions:
     input_device: str | None = None
     output_device: str | None = None
     block_ms: int = field(default=32, metadata=bounds(min=1, max=1000))
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """One PortAudio device."""
-
-    index: int
-    name: str
-    inputs: int
-    outputs: int
-    default_rate_hz: float
-    is_default_input: bool
-    is_default_output: bool
-
-
-def _sd() -> Any:
-    try:
-        import sounddevice
-    except OSError as e:  # the PortAudio shared library is missing
-        raise AudioDeviceError(f"PortAudio not found ({e}): apt-get install libportaudio2") from e
-    except ImportError as e:
-        raise AudioDeviceError(f"the sounddevice package is missing ({e}): run scripts/setup.sh") from e
-    return sounddevice
-
-
-def list_devices() -> list[DeviceInfo]:
-    """Every input and output device PortAudio reports."""
-    sd = _sd()
-    try:
-        devices = sd.query_devices()
-        default_in, default_out = sd.default.device
-    except sd.PortAudioError as e:
-        raise AudioDeviceError(f"cannot list audio devices: {e}") from e
-    return [
-        DeviceInfo(
-            i,
-            d["name"],
-            d["max_input_channels"],
-            d["max_output_channels"],
-            d["default_samplerate"],
-            i == default_in,
-            i == default_out,
-        )
-        for i, d in enumerate(devices)
-    ]
-
-
-def find_device(spec: str | None, kind: str) -> int | None:
-    """Index of the device matching ``spec`` (index or name substring); None for the default.
-
-    Raises:
-        AudioDeviceError: Nothing matches, or there is no device of that kind at all.
-    """
-    devices = list_devices()
-    usable = [d for d in devices if (d.inputs if kind == "input" else d.outputs) > 0]
-    if not usable:
-        raise AudioDeviceError(f"no audio {kind} device found (see 'assistant devices')")
-    if spec is None or spec == "":
-        return None
-    if spec.isdigit():
-        matches = [d for d in usable if d.index == int(spec)]
-    else:
-        matches = [d for d in usable if spec.lower() in d.name.lower()]
-    if not matches:
-        names = ", ".join(f"{d.index}: {d.name}" for d in usable)
-        raise AudioDeviceError(f"no {kind} device matches {spec!r}; available: {names}")
-    return matches[0].index
 
 
 def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
@@ -125,7 +55,7 @@ def _open_stream(kind: str, spec: str | None, block_ms: int, callback: Any) -> t
 
     Returns the stream, the device name and the rate it runs at.
     """
-    sd = _sd()
+    sd = portaudio()
     device = find_device(spec, kind)
     info = sd.query_devices(device, kind)
     check = sd.check_input_settings if kind == "input" else sd.check_output_settings
