@@ -1,13 +1,36 @@
-"""Audio devices: listing them and finding the one a setting names (PortAudio via sounddevice)."""
+"""Audio devices: listing and finding them, opening a stream, watching open ones (lost, reopened).
+
+PortAudio reads its device list once, when it is initialised; a sound server or a card that
+comes back is seen only after PortAudio is initialised again (:func:`rescan`), which closes
+every open stream. :class:`DeviceWatch` therefore re-scans only while none of the watched
+streams is open (the sound server went away: both are gone); a single lost device is
+reopened on the device list PortAudio already has.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event
+
+logger = logging.getLogger(__name__)
+
+WATCH_POLL_S = 0.1  # how often the watch looks at the devices: the lost notice comes this soon
+RETRY_FIRST_S = 0.5  # first reopen attempt after a loss; each failure doubles the wait...
+RETRY_MAX_S = 5.0  # ...up to this
 
 
 class AudioDeviceError(RuntimeError):
     """No usable audio device, or the chosen one cannot be opened."""
+
+
+class DeviceLostError(AudioDeviceError):
+    """An open device stopped working (the sound server went away, the card was unplugged)."""
 
 
 @dataclass(frozen=True)
@@ -76,3 +99,187 @@ def find_device(spec: str | None, kind: str) -> int | None:
         names = ", ".join(f"{d.index}: {d.name}" for d in usable)
         raise AudioDeviceError(f"no {kind} device matches {spec!r}; available: {names}")
     return matches[0].index
+
+
+def open_stream(
+    kind: str, spec: str | None, rate_hz: int, block_ms: int, callback: Any, finished: Any
+) -> tuple[Any, str, int]:
+    """Open a mono float32 stream on the chosen device: at ``rate_hz``, else at the device's rate.
+
+    ``finished`` is called (on PortAudio's thread) when the stream stops, also by itself.
+    Returns the stream, the device name and the rate it runs at.
+
+    Raises:
+        AudioDeviceError: No such device, or PortAudio cannot open it (no sound server...).
+    """
+    sd = portaudio()
+    device = find_device(spec, kind)
+    try:
+        info = sd.query_devices(device, kind)
+    except sd.PortAudioError as e:  # no default device: e.g. PortAudio started without a server
+        raise AudioDeviceError(f"no default audio {kind} device ({e})") from e
+    check = sd.check_input_settings if kind == "input" else sd.check_output_settings
+    try:
+        check(device, channels=1, samplerate=rate_hz, dtype="float32")
+    except sd.PortAudioError:
+        rate_hz = int(info["default_samplerate"])
+    stream_type = sd.InputStream if kind == "input" else sd.OutputStream
+    try:
+        stream = stream_type(
+            device=device,
+            channels=1,
+            samplerate=rate_hz,
+            dtype="float32",
+            blocksize=rate_hz * block_ms // 1000,
+            callback=callback,
+            finished_callback=finished,
+        )
+    except sd.PortAudioError as e:
+        raise AudioDeviceError(f"cannot open {kind} device {info['name']!r}: {e}") from e
+    return stream, info["name"], rate_hz
+
+
+def rescan() -> None:
+    """Initialise PortAudio again, so that it sees devices (or a sound server) that came back.
+
+    sounddevice's maintainers give ``_terminate()`` + ``_initialize()`` as the way to refresh
+    the device list (python-sounddevice issue #125). Terminating closes every open stream:
+    call it only with none open.
+
+    Raises:
+        AudioDeviceError: PortAudio did not start again.
+    """
+    sd = portaudio()
+    try:
+        sd._terminate()
+    except sd.PortAudioError:
+        pass  # not initialised: the last rescan's initialisation failed
+    try:
+        sd._initialize()
+    except sd.PortAudioError as e:
+        raise AudioDeviceError(f"PortAudio did not start again: {e}") from e
+
+
+DEVICE_NAMES = {"input": "microphone", "output": "speaker"}
+
+
+def device_notice(event: AudioDeviceLost | AudioDeviceRestored) -> str:
+    """The one line a user reads about a lost or restored audio device (UI and stdout)."""
+    what = DEVICE_NAMES.get(event.kind, event.kind)
+    if isinstance(event, AudioDeviceLost):
+        return f"audio: {what} lost ({event.device!r}: {event.reason}); reopening it when it is back"
+    return f"audio: {what} back ({event.device!r}, after {event.down_ms / 1000:.1f} s)"
+
+
+class Watched(Protocol):
+    """An open device as :class:`DeviceWatch` sees it (``Microphone``, ``Speaker``)."""
+
+    kind: str  # "input" or "output"
+    name: str
+    lost: threading.Event  # set by the device itself when its stream died
+    lost_reason: str
+
+    def check_stall(self, now_ns: int) -> None:
+        """Mark the device lost if its stream claims to run but delivers nothing."""
+        ...
+
+    def is_open(self) -> bool:
+        """Whether a stream is open (a lost one is closed by :meth:`release`)."""
+        ...
+
+    def release(self) -> None:
+        """Close the dead stream (idempotent)."""
+        ...
+
+    def reopen(self) -> None:
+        """Open a new stream on the configured device; raises ``AudioDeviceError``."""
+        ...
+
+
+@dataclass
+class _Outage:
+    since_ns: int
+    next_try_ns: int
+    retry_s: float = RETRY_FIRST_S
+
+
+class DeviceWatch:
+    """Reports lost devices and reopens them, with backoff, on its own thread.
+
+    Each lost device gives one :class:`~assistant.events.AudioDeviceLost` (within
+    :data:`WATCH_POLL_S` of the stream dying, or of a stall being noticed), then reopen
+    attempts after 0.5, 1, 2, 4, 5, 5... s, and :class:`~assistant.events.AudioDeviceRestored`
+    when one succeeds. ``turn_id()`` gives the turn the events are stamped with. ``stop()``
+    ends and joins the thread.
+    """
+
+    def __init__(
+        self, devices: Sequence[Watched], emit: Callable[[Event], None], turn_id: Callable[[], int]
+    ) -> None:
+        self.devices = list(devices)
+        self.emit = emit
+        self.turn_id = turn_id
+        self.outages: dict[int, _Outage] = {}  # by index into ``devices``
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="device-watch")
+
+    def start(self) -> None:
+        """Start watching (no-op without devices)."""
+        if self.devices:
+            self.thread.start()
+
+    def stop(self) -> None:
+        """Stop watching and join the thread (an attempt in progress finishes first)."""
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_POLL_S):
+            self.poll(time.monotonic_ns())
+
+    def poll(self, now_ns: int) -> None:
+        """One look: report new losses, retry the reopen of those due."""
+        for i, device in enumerate(self.devices):
+            if i not in self.outages:
+                device.check_stall(now_ns)
+                if device.lost.is_set():
+                    self.outages[i] = _Outage(now_ns, now_ns + int(RETRY_FIRST_S * 1e9))
+                    logger.info("%s device %r lost: %s", device.kind, device.name, device.lost_reason)
+                    self.emit(
+                        AudioDeviceLost(self.turn_id(), now_ns, device.kind, device.name, device.lost_reason)
+                    )
+        due = [i for i, outage in self.outages.items() if outage.next_try_ns <= now_ns]
+        if due:
+            self._attempt(due)
+
+    def _attempt(self, due: list[int]) -> None:
+        for i in self.outages:  # every dead stream, so that only working ones count as open
+            self.devices[i].release()
+        try:
+            if not any(d.is_open() for d in self.devices):
+                rescan()  # a sound server that restarted is seen only by a fresh PortAudio
+        except AudioDeviceError as e:
+            logger.info("audio devices not back yet: %s", e)
+            self._later(due)
+            return
+        for i in due:
+            device = self.devices[i]
+            try:
+                device.reopen()
+            except AudioDeviceError as e:
+                logger.info("%s device not back yet: %s", device.kind, e)
+                self._later([i])
+                continue
+            outage = self.outages.pop(i)
+            now_ns = time.monotonic_ns()
+            logger.info("%s device %r is back", device.kind, device.name)
+            down_ms = (now_ns - outage.since_ns) / 1e6
+            self.emit(AudioDeviceRestored(self.turn_id(), now_ns, device.kind, device.name, down_ms))
+
+    def _later(self, indices: list[int]) -> None:
+        now_ns = time.monotonic_ns()
+        for i in indices:
+            outage = self.outages[i]
+            outage.retry_s = min(outage.retry_s * 2, RETRY_MAX_S)
+            outage.next_try_ns = now_ns + int(outage.retry_s * 1e9)
