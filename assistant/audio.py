@@ -18,13 +18,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from assistant.devices import AudioDeviceError, DeviceLostError, open_stream, portaudio
+from assistant.devices import AudioDeviceError, DeviceLostError, abandon_portaudio, open_stream, portaudio
 from engines.bounds import bounds
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16000
 STARTUP_GRACE_NS = 3_000_000_000  # after a stream's first callback, before stalls count
+FIRST_AUDIO_NS = 5_000_000_000  # a started stream whose callback has not run by then is lost
+CLOSE_WAIT_S = 1.0  # at close, how long a stream (or the watch holding it) may take
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class _Stream:
         self.lost = threading.Event()
         self.lost_reason = ""
         self.losses = 0  # times the device was lost so far
-        self.heartbeat_ns = self.first_beat_ns = 0
+        self.heartbeat_ns = self.first_beat_ns = self.started_ns = 0
         self.running = False  # started (and not closed) by its owner
         self._stream_lock = threading.Lock()  # opening/closing; never taken by the callbacks
         self._stream_id = 0  # a finished callback of an older stream is not news
@@ -89,7 +91,7 @@ class _Stream:
     def _open(self) -> None:
         self._stream_id += 1
         stream_id = self._stream_id
-        self.heartbeat_ns = self.first_beat_ns = 0
+        self.heartbeat_ns = self.first_beat_ns = self.started_ns = 0
         self.stream, self.name, self.rate_hz = open_stream(
             self.kind,
             self.spec,
@@ -112,7 +114,7 @@ class _Stream:
             self.lost.set()
 
     def _on_lost(self) -> None:
-        """Drop what the dead stream holds (subclasses)."""
+        """Drop what the old stream holds (subclasses)."""
 
     def _beat(self) -> int:
         """The callback's clock reading (called first thing in each callback)."""
@@ -126,9 +128,14 @@ class _Stream:
 
         The first :data:`STARTUP_GRACE_NS` after the first callback do not count: a stream on a
         PulseAudio just started fills its buffer, then waits ~1.6 s before running steadily.
+        A stream whose callback has not run :data:`FIRST_AUDIO_NS` after it was started is lost.
         """
         first = self.first_beat_ns
-        if not self.running or not first:
+        if not self.running or not self.started_ns:
+            return
+        if not first:
+            if now_ns - self.started_ns > FIRST_AUDIO_NS:
+                self._mark_lost(f"no audio {FIRST_AUDIO_NS / 1e9:.0f} s after the stream started")
             return
         since = max(self.heartbeat_ns, first + STARTUP_GRACE_NS)
         if now_ns - since > self.options.stall_ms * 1_000_000:
@@ -139,6 +146,7 @@ class _Stream:
         return self.stream is not None
 
     def _start(self) -> None:
+        self.started_ns = time.monotonic_ns()
         try:
             self.stream.start()
         except portaudio().PortAudioError as e:
@@ -168,7 +176,7 @@ class _Stream:
             self._close_locked()
             self._open()
             try:
-                self._reset()
+                self._on_lost()  # nothing of the old stream's is left over
                 if self.running:
                     self._start()
             except AudioDeviceError:
@@ -177,13 +185,30 @@ class _Stream:
             self.lost.clear()
             self.lost_reason = ""
 
-    def _reset(self) -> None:
-        """Forget what the old stream delivered (subclasses)."""
-
     def close(self) -> None:
-        """Stop and close the stream (idempotent, also after a loss)."""
+        """Stop and close the stream (idempotent, also after a loss).
+
+        Never hangs: a stream on a sound server that hangs cannot be closed, and one the
+        device watch is stuck with is not ours to close; both are left to the end of the
+        process after :data:`CLOSE_WAIT_S`.
+        """
         self.running = False
-        self.release()
+        if not self._stream_lock.acquire(timeout=CLOSE_WAIT_S):
+            logger.warning("the %s device does not answer; leaving its stream", self.kind)
+            abandon_portaudio()
+            return
+        try:
+            stream, self.stream = self.stream, None
+            self._stream_id += 1
+        finally:
+            self._stream_lock.release()
+        if stream is not None:
+            closer = threading.Thread(target=stream.close, name=f"close-{self.kind}", daemon=True)
+            closer.start()
+            closer.join(CLOSE_WAIT_S)
+            if closer.is_alive():
+                logger.warning("the %s device does not answer; leaving its stream", self.kind)
+                abandon_portaudio()
 
 
 class Microphone(_Stream):
@@ -241,7 +266,6 @@ class Microphone(_Stream):
             pass
 
     _on_lost = drain
-    _reset = drain
 
 
 @dataclass

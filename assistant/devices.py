@@ -9,6 +9,7 @@ reopened on the device list PortAudio already has.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -21,6 +22,8 @@ from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event
 logger = logging.getLogger(__name__)
 
 WATCH_POLL_S = 0.1  # how often the watch looks at the devices: the lost notice comes this soon
+WATCH_LATE_NS = 500_000_000  # a look this late means the process was starved: no stall verdict
+WATCH_JOIN_S = 2.0  # at stop, how long to wait for an attempt stuck on a hung sound server
 RETRY_FIRST_S = 0.5  # first reopen attempt after a loss; each failure doubles the wait...
 RETRY_MAX_S = 5.0  # ...up to this
 
@@ -139,6 +142,17 @@ def open_stream(
     return stream, info["name"], rate_hz
 
 
+def abandon_portaudio() -> None:
+    """Let the process end without PortAudio's exit handler (a hung sound server).
+
+    sounddevice's handler terminates PortAudio at exit, which closes every stream still
+    open; a stream on a sound server that hangs (stopped, not dead) cannot be closed, so the
+    process would never end. Its connection goes with the process instead.
+    """
+    sd = portaudio()
+    atexit.unregister(sd._exit_handler)
+
+
 def rescan() -> None:
     """Initialise PortAudio again, so that it sees devices (or a sound server) that came back.
 
@@ -178,6 +192,7 @@ class Watched(Protocol):
     name: str
     lost: threading.Event  # set by the device itself when its stream died
     lost_reason: str
+    first_beat_ns: int  # when the stream's callback first ran since opening (0: not yet)
 
     def check_stall(self, now_ns: int) -> None:
         """Mark the device lost if its stream claims to run but delivers nothing."""
@@ -201,6 +216,7 @@ class _Outage:
     since_ns: int
     next_try_ns: int
     retry_s: float = RETRY_FIRST_S
+    reopened: bool = False  # a new stream is open; back once its audio flows
 
 
 class DeviceWatch:
@@ -209,8 +225,9 @@ class DeviceWatch:
     Each lost device gives one :class:`~assistant.events.AudioDeviceLost` (within
     :data:`WATCH_POLL_S` of the stream dying, or of a stall being noticed), then reopen
     attempts after 0.5, 1, 2, 4, 5, 5... s, and :class:`~assistant.events.AudioDeviceRestored`
-    when one succeeds. ``turn_id()`` gives the turn the events are stamped with. ``stop()``
-    ends and joins the thread.
+    once a reopened stream runs (its callback has run: audio flows again; one that opens
+    but stays silent, or dies, counts as a failed attempt). ``turn_id()`` gives the turn the
+    events are stamped with. ``stop()`` ends and joins the thread.
     """
 
     def __init__(
@@ -220,8 +237,10 @@ class DeviceWatch:
         self.emit = emit
         self.turn_id = turn_id
         self.outages: dict[int, _Outage] = {}  # by index into ``devices``
+        self.last_poll_ns = 0
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="device-watch")
+        # A daemon: an attempt can hang in PortAudio for as long as a sound server hangs.
+        self.thread = threading.Thread(target=self._run, name="device-watch", daemon=True)
 
     def start(self) -> None:
         """Start watching (no-op without devices)."""
@@ -229,33 +248,59 @@ class DeviceWatch:
             self.thread.start()
 
     def stop(self) -> None:
-        """Stop watching and join the thread (an attempt in progress finishes first)."""
+        """Stop watching and join the thread (an attempt in progress finishes first).
+
+        An attempt stuck in PortAudio (a sound server that hangs) is waited for
+        :data:`WATCH_JOIN_S`, then left behind, and PortAudio with it (:func:`abandon_portaudio`).
+        """
         self._stop.set()
         if self.thread.is_alive():
-            self.thread.join()
+            self.thread.join(WATCH_JOIN_S)
+        if self.thread.is_alive():
+            logger.warning("a sound device does not answer (a hung sound server?); not waiting for it")
+            abandon_portaudio()
 
     def _run(self) -> None:
         while not self._stop.wait(WATCH_POLL_S):
             self.poll(time.monotonic_ns())
 
     def poll(self, now_ns: int) -> None:
-        """One look: report new losses, retry the reopen of those due."""
+        """One look: report new losses, retry the reopen of those due.
+
+        When this look comes late, the whole process was probably starved (a loaded CPU, a
+        long call holding the GIL): the audio callbacks were held up too, so a quiet stream
+        is not called stalled this time.
+        """
+        punctual = now_ns - self.last_poll_ns <= WATCH_LATE_NS
+        self.last_poll_ns = now_ns
         for i, device in enumerate(self.devices):
-            if i not in self.outages:
+            outage = self.outages.get(i)
+            if punctual and (outage is None or outage.reopened):
                 device.check_stall(now_ns)
-                if device.lost.is_set():
-                    self.outages[i] = _Outage(now_ns, now_ns + int(RETRY_FIRST_S * 1e9))
-                    logger.info("%s device %r lost: %s", device.kind, device.name, device.lost_reason)
-                    self.emit(
-                        AudioDeviceLost(self.turn_id(), now_ns, device.kind, device.name, device.lost_reason)
-                    )
-        due = [i for i, outage in self.outages.items() if outage.next_try_ns <= now_ns]
+            if outage is None and device.lost.is_set():
+                self.outages[i] = _Outage(now_ns, now_ns + int(RETRY_FIRST_S * 1e9))
+                logger.info("%s device %r lost: %s", device.kind, device.name, device.lost_reason)
+                self.emit(
+                    AudioDeviceLost(self.turn_id(), now_ns, device.kind, device.name, device.lost_reason)
+                )
+            elif outage is not None and outage.reopened:
+                if device.lost.is_set():  # opened, but silent or dead again: not back
+                    logger.info("%s device not back yet: %s", device.kind, device.lost_reason)
+                    outage.reopened = False
+                    self._later([i])
+                elif device.first_beat_ns:
+                    del self.outages[i]
+                    logger.info("%s device %r is back", device.kind, device.name)
+                    down_ms = (now_ns - outage.since_ns) / 1e6
+                    self.emit(AudioDeviceRestored(self.turn_id(), now_ns, device.kind, device.name, down_ms))
+        due = [i for i, o in self.outages.items() if not o.reopened and o.next_try_ns <= now_ns]
         if due:
             self._attempt(due)
 
     def _attempt(self, due: list[int]) -> None:
-        for i in self.outages:  # every dead stream, so that only working ones count as open
-            self.devices[i].release()
+        for i, outage in self.outages.items():  # every dead stream: only live ones count as open
+            if not outage.reopened:
+                self.devices[i].release()
         try:
             if not any(d.is_open() for d in self.devices):
                 rescan()  # a sound server that restarted is seen only by a fresh PortAudio
@@ -271,11 +316,7 @@ class DeviceWatch:
                 logger.info("%s device not back yet: %s", device.kind, e)
                 self._later([i])
                 continue
-            outage = self.outages.pop(i)
-            now_ns = time.monotonic_ns()
-            logger.info("%s device %r is back", device.kind, device.name)
-            down_ms = (now_ns - outage.since_ns) / 1e6
-            self.emit(AudioDeviceRestored(self.turn_id(), now_ns, device.kind, device.name, down_ms))
+            self.outages[i].reopened = True
 
     def _later(self, indices: list[int]) -> None:
         now_ns = time.monotonic_ns()
