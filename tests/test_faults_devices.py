@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from assistant.audio import STARTUP_GRACE_NS
 from assistant.tui.app import AssistantApp
 from assistant.tui.widgets import Conversation
 from tests.speech import speak
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "scripts" / "virtual-audio.sh")
 LOST_S = 5.0  # deadline for the lost notice (it comes within ~0.1 s of the kill; see the log)
 BACK_S = 15.0  # deadline for the restored notice: the reopen backoff reaches 5 s
+STALL_S = 10.0  # deadline for a stall's notice: a stream counts as stalled 3 s after it ran + 1 s
 
 
 class Pulse:
@@ -40,6 +42,7 @@ class Pulse:
     def __init__(self, runtime: Path) -> None:
         self.runtime = runtime
         self.env: dict[str, str] = {}
+        self.hung = 0  # pid of the server while it is stopped (SIGSTOP)
 
     def _script(self, command: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "VIRTUAL_AUDIO_RUNTIME": str(self.runtime)}
@@ -58,7 +61,18 @@ class Pulse:
         os.kill(pid, signal.SIGKILL)
         return t_ns
 
+    def hang(self) -> None:
+        """SIGSTOP the server: it is still there but answers nothing (a hung server)."""
+        self.hung = int((self.runtime / "pulse" / "pid").read_text())
+        os.kill(self.hung, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.hung:
+            os.kill(self.hung, signal.SIGCONT)
+            self.hung = 0
+
     def stop(self) -> None:
+        self.resume()
         self._script("stop")
 
 
@@ -72,10 +86,11 @@ def pulse_server(tmp_path_factory):
 
 
 @pytest.fixture
-def server(pulse_server: Pulse) -> Pulse:
+def server(pulse_server: Pulse):
     """The module's server, running (a test that failed while it was down does not leave it so)."""
     pulse_server.start()
-    return pulse_server
+    yield pulse_server
+    pulse_server.resume()
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +173,7 @@ def play(server: Pulse, wav: Path) -> None:
 
 
 @pytest.mark.slow
-def test_server_killed_while_listening_is_reported_reopened_and_then_answers(
+def test_server_killed_while_listening_is_reported_reopened_answers_and_sigterm_while_gone_is_clean(
     server, question_wav, tmp_path, started
 ):
     app = App(server, tmp_path, started)
@@ -177,7 +192,9 @@ def test_server_killed_while_listening_is_reported_reopened_and_then_answers(
     # what SmolLM2 answers are test_voice's business).
     assert "capital" in record["transcript"].lower() and record["reply"], record
     assert not record["cancelled"]
-    app.finish()
+    server.kill()  # gone again, for good: SIGTERM must still end it cleanly
+    app.wait_for(r"audio: microphone lost", LOST_S)
+    app.finish(signal.SIGTERM)
 
 
 @pytest.mark.slow
@@ -214,12 +231,22 @@ def test_server_killed_during_playback_cuts_the_turn_keeps_its_text_and_answers_
 
 
 @pytest.mark.slow
-def test_sigterm_while_the_devices_are_gone_exits_cleanly(server, tmp_path, started):
+def test_hung_server_is_reported_as_a_stall_reopened_when_it_answers_and_sigterm_while_hung_is_clean(
+    server, tmp_path, started
+):
+    """A server that stops answering (SIGSTOP) rather than dying: the stall watchdog's case."""
     app = App(server, tmp_path, started)
     app.wait_for("listening on", 120)
-    server.kill()
-    app.wait_for(r"audio: microphone lost", LOST_S)
-    app.finish(signal.SIGTERM)
+    time.sleep(STARTUP_GRACE_NS / 1e9)  # stalls count once a stream has run this long
+    server.hang()
+    app.wait_for(r"audio: microphone lost \('[^']*': no audio for [\d.]+ s \(the stream stalled\)\)", LOST_S)
+    server.resume()
+    app.wait_for(r"audio: (microphone|speaker) back", BACK_S)
+    app.wait_for(r"audio: (microphone|speaker) back", BACK_S)
+    time.sleep(STARTUP_GRACE_NS / 1e9)
+    server.hang()
+    app.wait_for(r"audio: microphone lost", STALL_S)
+    app.finish(signal.SIGTERM)  # PortAudio cannot close streams on a hung server: not waited for
 
 
 @pytest.mark.slow
