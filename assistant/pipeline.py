@@ -231,11 +231,11 @@ class VoicePipeline:
         tts = None
         if self.synthesizer is None:
             sink = None  # text only: nothing to speak with
-        losses = getattr(sink, "losses", 0)  # a loss and a reopen between two looks is a loss too
+        losses: list[int] = []  # the sink's loss count when this reply's audio first played
         if sink is not None:
             tts = threading.Thread(
                 target=self._speak,
-                args=(turn, sentences, sink, cancel, gate, spoken, lost),
+                args=(turn, sentences, sink, cancel, gate, spoken, (lost, losses)),
                 name=f"tts-turn-{turn}",
             )
             tts.start()
@@ -256,7 +256,8 @@ class VoicePipeline:
                     pass
             except DeviceLostError as e:
                 lost.append(str(e))
-            if not lost and getattr(sink, "losses", 0) != losses:
+            if not lost and losses and getattr(sink, "losses", 0) != losses[0]:
+                # Lost and reopened between two looks: what was queued was dropped.
                 lost.append("the output device was lost and reopened during the reply")
             if cancel.is_set() or lost:
                 sink.stop()
@@ -349,8 +350,10 @@ class VoicePipeline:
         cancel: threading.Event,
         gate: ReplyGate,
         spoken: list[tuple[str, int, int]],
-        lost: list[str],
+        failures: tuple[list[str], list[int]],
     ) -> None:
+        """Render and play each sentence; a lost sink goes into ``failures`` (why, loss count)."""
+        lost, losses = failures
         offset = 0
         while (item := sentences.get()) is not None:
             if cancel.is_set() or gate.discarded or lost:
@@ -361,6 +364,8 @@ class VoicePipeline:
             self.emit(AudioReady(turn, time.monotonic_ns(), index, 1000 * audio.size / SAMPLE_RATE_HZ))
             if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
                 continue
+            if not losses:
+                losses.append(getattr(sink, "losses", 0))
             try:
                 sink.play(turn, audio)
             except DeviceLostError as e:
