@@ -61,10 +61,12 @@ class Pulse:
         os.kill(pid, signal.SIGKILL)
         return t_ns
 
-    def hang(self) -> None:
-        """SIGSTOP the server: it is still there but answers nothing (a hung server)."""
+    def hang(self) -> int:
+        """SIGSTOP the server (still there, answering nothing); returns the monotonic time (ns)."""
         self.hung = int((self.runtime / "pulse" / "pid").read_text())
+        t_ns = time.monotonic_ns()
         os.kill(self.hung, signal.SIGSTOP)
+        return t_ns
 
     def resume(self) -> None:
         if self.hung:
@@ -238,8 +240,9 @@ def test_hung_server_is_reported_as_a_stall_reopened_when_it_answers_and_sigterm
     app = App(server, tmp_path, started)
     app.wait_for("listening on", 120)
     time.sleep(STARTUP_GRACE_NS / 1e9)  # stalls count once a stream has run this long
-    server.hang()
-    app.wait_for(r"audio: microphone lost \('[^']*': no audio for [\d.]+ s \(the stream stalled\)\)", LOST_S)
+    hang_ns = server.hang()
+    app.wait_for(r"audio: microphone lost \('[^']*': no audio for [\d.]+ s \(the stream stalled\)\)", STALL_S)
+    print(f"stall notice {notice_latency_ms(app, hang_ns):.0f} ms after the server hung")
     server.resume()
     app.wait_for(r"audio: (microphone|speaker) back", BACK_S)
     app.wait_for(r"audio: (microphone|speaker) back", BACK_S)
@@ -261,8 +264,10 @@ async def test_ui_reports_the_loss_keeps_typed_turns_working_and_reports_the_ret
         await wait_until(pilot, lambda: app.loop is not None and app.session is not None)
         await pilot.pause()
         assert "LISTENING" in screen_text(app)
+        kill_s = time.monotonic()
         server.kill()
         await wait_until(pilot, lambda: "AUDIO LOST" in screen_text(app), LOST_S)
+        print(f"UI status AUDIO LOST {1000 * (time.monotonic() - kill_s):.0f} ms after the kill")
         screen = " ".join(screen_text(app).split())
         assert "microphone lost" in screen and "speaker lost" in screen, screen
         await pilot.press("t")
