@@ -324,7 +324,7 @@ def _chat(settings: Settings) -> int:
 
 
 def _devices() -> int:
-    from assistant.audio import list_devices
+    from assistant.devices import list_devices
 
     devices = list_devices()
     if not devices:

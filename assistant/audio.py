@@ -1,7 +1,9 @@
-"""Microphone capture and speaker playback with sounddevice (PortAudio), and device listing.
+"""Microphone capture and speaker playback with sounddevice (PortAudio); the file sink.
 
 The PortAudio callbacks only copy samples and read the clock; resampling, VAD and logging
-happen on the consumer's thread.
+happen on the consumer's thread. A stream that dies (the sound server or the card went
+away) marks its device ``lost``; ``assistant.devices.DeviceWatch`` reports it and reopens
+the device (:meth:`Microphone.reopen`, :meth:`Speaker.reopen`) when it is back.
 """
 
 from __future__ import annotations
@@ -16,91 +18,28 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from assistant.devices import AudioDeviceError, DeviceLostError, abandon_portaudio, open_stream, portaudio
 from engines.bounds import bounds
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16000
-
-
-class AudioDeviceError(RuntimeError):
-    """No usable audio device, or the chosen one cannot be opened."""
+STARTUP_GRACE_NS = 3_000_000_000  # after a stream's first callback, before stalls count
+FIRST_AUDIO_NS = 5_000_000_000  # a started stream whose callback has not run by then is lost
+CLOSE_WAIT_S = 1.0  # at close, how long a stream (or the watch holding it) may take
 
 
 @dataclass(frozen=True)
 class AudioOptions:
-    """Devices by name substring or index (``None``: the system default) and block size."""
+    """Devices by name substring or index (``None``: the system default) and block size.
+
+    ``stall_ms``: a stream that delivered audio and then none for this long counts as lost.
+    """
 
     input_device: str | None = None
     output_device: str | None = None
     block_ms: int = field(default=32, metadata=bounds(min=1, max=1000))
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """One PortAudio device."""
-
-    index: int
-    name: str
-    inputs: int
-    outputs: int
-    default_rate_hz: float
-    is_default_input: bool
-    is_default_output: bool
-
-
-def _sd() -> Any:
-    try:
-        import sounddevice
-    except OSError as e:  # the PortAudio shared library is missing
-        raise AudioDeviceError(f"PortAudio not found ({e}): apt-get install libportaudio2") from e
-    except ImportError as e:
-        raise AudioDeviceError(f"the sounddevice package is missing ({e}): run scripts/setup.sh") from e
-    return sounddevice
-
-
-def list_devices() -> list[DeviceInfo]:
-    """Every input and output device PortAudio reports."""
-    sd = _sd()
-    try:
-        devices = sd.query_devices()
-        default_in, default_out = sd.default.device
-    except sd.PortAudioError as e:
-        raise AudioDeviceError(f"cannot list audio devices: {e}") from e
-    return [
-        DeviceInfo(
-            i,
-            d["name"],
-            d["max_input_channels"],
-            d["max_output_channels"],
-            d["default_samplerate"],
-            i == default_in,
-            i == default_out,
-        )
-        for i, d in enumerate(devices)
-    ]
-
-
-def find_device(spec: str | None, kind: str) -> int | None:
-    """Index of the device matching ``spec`` (index or name substring); None for the default.
-
-    Raises:
-        AudioDeviceError: Nothing matches, or there is no device of that kind at all.
-    """
-    devices = list_devices()
-    usable = [d for d in devices if (d.inputs if kind == "input" else d.outputs) > 0]
-    if not usable:
-        raise AudioDeviceError(f"no audio {kind} device found (see 'assistant devices')")
-    if spec is None or spec == "":
-        return None
-    if spec.isdigit():
-        matches = [d for d in usable if d.index == int(spec)]
-    else:
-        matches = [d for d in usable if spec.lower() in d.name.lower()]
-    if not matches:
-        names = ", ".join(f"{d.index}: {d.name}" for d in usable)
-        raise AudioDeviceError(f"no {kind} device matches {spec!r}; available: {names}")
-    return matches[0].index
+    stall_ms: int = field(default=1000, metadata=bounds(min=200, max=60000))
 
 
 def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
@@ -120,64 +59,198 @@ def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
     return np.interp(t_in, np.arange(audio.size), audio).astype(np.float32)
 
 
-def _open_stream(kind: str, spec: str | None, block_ms: int, callback: Any) -> tuple[Any, str, int]:
-    """Open a mono float32 stream on the chosen device: at 16 kHz, else at the device's rate.
+class _Stream:
+    """The stream part shared by :class:`Microphone` and :class:`Speaker`: open, lost, reopen.
 
-    Returns the stream, the device name and the rate it runs at.
+    ``lost`` is set when the stream stopped without being asked to (PortAudio's finished
+    callback) or when :meth:`check_stall` finds its callback idle for ``stall_ms`` after it
+    had run; ``heartbeat_ns`` is the callback's last run, ``first_beat_ns`` its first since
+    opening (0: not yet).
     """
-    sd = _sd()
-    device = find_device(spec, kind)
-    info = sd.query_devices(device, kind)
-    check = sd.check_input_settings if kind == "input" else sd.check_output_settings
-    rate_hz = SAMPLE_RATE_HZ
-    try:
-        check(device, channels=1, samplerate=SAMPLE_RATE_HZ, dtype="float32")
-    except sd.PortAudioError:
-        rate_hz = int(info["default_samplerate"])
-    stream_type = sd.InputStream if kind == "input" else sd.OutputStream
-    try:
-        stream = stream_type(
-            device=device,
-            channels=1,
-            samplerate=rate_hz,
-            dtype="float32",
-            blocksize=rate_hz * block_ms // 1000,
-            callback=callback,
+
+    kind = ""
+
+    def __init__(self, options: AudioOptions, spec: str | None) -> None:
+        self.options = options
+        self.spec = spec
+        self.lost = threading.Event()
+        self.lost_reason = ""
+        self.losses = 0  # times the device was lost so far
+        self.heartbeat_ns = self.first_beat_ns = self.started_ns = 0
+        self.running = False  # started (and not closed) by its owner
+        self._stream_lock = threading.Lock()  # opening/closing; never taken by the callbacks
+        self._stream_id = 0  # a finished callback of an older stream is not news
+        self.stream: Any = None
+        self.name = ""
+        self.rate_hz = SAMPLE_RATE_HZ
+        self._open()
+
+    def _callback(self, data: np.ndarray, frames: int, _time: Any, status: Any) -> None:
+        raise NotImplementedError
+
+    def _open(self) -> None:
+        self._stream_id += 1
+        stream_id = self._stream_id
+        self.heartbeat_ns = self.first_beat_ns = self.started_ns = 0
+        self.stream, self.name, self.rate_hz = open_stream(
+            self.kind,
+            self.spec,
+            SAMPLE_RATE_HZ,
+            self.options.block_ms,
+            self._callback,
+            lambda: self._finished(stream_id),
         )
-    except sd.PortAudioError as e:
-        raise AudioDeviceError(f"cannot open {kind} device {info['name']!r}: {e}") from e
-    return stream, info["name"], rate_hz
+
+    def _finished(self, stream_id: int) -> None:
+        """PortAudio's thread: the stream stopped. News only if nobody asked it to."""
+        if stream_id == self._stream_id and self.stream is not None:
+            self._mark_lost("the stream stopped (the sound server or the device went away)")
+
+    def _mark_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.losses += 1
+            self._on_lost()
+            self.lost.set()
+
+    def _on_lost(self) -> None:
+        """Drop what the old stream holds (subclasses)."""
+
+    def _beat(self) -> int:
+        """The callback's clock reading (called first thing in each callback)."""
+        self.heartbeat_ns = now_ns = time.monotonic_ns()
+        if not self.first_beat_ns:
+            self.first_beat_ns = now_ns
+        return now_ns
+
+    def check_stall(self, now_ns: int) -> None:
+        """Mark the device lost when its callback stopped running for ``stall_ms`` (watch thread).
+
+        The first :data:`STARTUP_GRACE_NS` after the first callback do not count: a stream on a
+        PulseAudio just started fills its buffer, then waits ~1.6 s before running steadily.
+        A stream whose callback has not run :data:`FIRST_AUDIO_NS` after it was started is lost.
+        """
+        first = self.first_beat_ns
+        if not self.running or not self.started_ns:
+            return
+        if not first:
+            if now_ns - self.started_ns > FIRST_AUDIO_NS:
+                self._mark_lost(f"no audio {FIRST_AUDIO_NS / 1e9:.0f} s after the stream started")
+            return
+        since = max(self.heartbeat_ns, first + STARTUP_GRACE_NS)
+        if now_ns - since > self.options.stall_ms * 1_000_000:
+            self._mark_lost(f"no audio for {(now_ns - self.heartbeat_ns) / 1e9:.1f} s (the stream stalled)")
+
+    def is_open(self) -> bool:
+        """Whether a stream is open."""
+        return self.stream is not None
+
+    def _start(self) -> None:
+        self.started_ns = time.monotonic_ns()
+        try:
+            self.stream.start()
+        except portaudio().PortAudioError as e:
+            raise AudioDeviceError(f"cannot start {self.kind} device {self.name!r}: {e}") from e
+
+    def release(self) -> None:
+        """Close the stream, dead or alive, without reporting it lost (idempotent)."""
+        with self._stream_lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        stream, self.stream = self.stream, None
+        self._stream_id += 1  # its finished callback is not a loss
+        if stream is not None:
+            try:
+                stream.close()  # aborts a running stream; after a loss it is already inactive
+            except portaudio().PortAudioError as e:
+                logger.debug("closing the %s stream: %s", self.kind, e)
+
+    def reopen(self) -> None:
+        """Close the stream if still open, open the configured device again, resume; clears ``lost``.
+
+        Raises:
+            AudioDeviceError: It cannot be opened (yet).
+        """
+        with self._stream_lock:
+            self._close_locked()
+            self._open()
+            try:
+                self._on_lost()  # nothing of the old stream's is left over
+                if self.running:
+                    self._start()
+            except AudioDeviceError:
+                self._close_locked()
+                raise
+            self.lost.clear()
+            self.lost_reason = ""
+
+    def close(self) -> None:
+        """Stop and close the stream (idempotent, also after a loss).
+
+        Never hangs: a stream on a sound server that hangs cannot be closed, and one the
+        device watch is stuck with is not ours to close; both are left to the end of the
+        process after :data:`CLOSE_WAIT_S`.
+        """
+        self.running = False
+        if not self._stream_lock.acquire(timeout=CLOSE_WAIT_S):
+            logger.warning("the %s device does not answer; leaving its stream", self.kind)
+            abandon_portaudio()
+            return
+        try:
+            stream, self.stream = self.stream, None
+            self._stream_id += 1
+        finally:
+            self._stream_lock.release()
+        if stream is not None:
+            closer = threading.Thread(target=stream.close, name=f"close-{self.kind}", daemon=True)
+            closer.start()
+            closer.join(CLOSE_WAIT_S)
+            if closer.is_alive():
+                logger.warning("the %s device does not answer; leaving its stream", self.kind)
+                abandon_portaudio()
 
 
-class Microphone:
+class Microphone(_Stream):
     """A 16 kHz mono input stream; ``read()`` returns ``(samples, t_ns)`` blocks.
 
     ``t_ns`` is the monotonic time at which the block's last sample was delivered. When the
     device cannot capture at 16 kHz it is opened at its own rate and resampled in ``read()``.
     """
 
+    kind = "input"
+
     def __init__(self, options: AudioOptions) -> None:
         self.blocks: queue.Queue[tuple[np.ndarray, int]] = queue.Queue(maxsize=2000)
         self.overflows = 0  # blocks dropped because nobody read the queue
         self.device_overflows = 0  # blocks after which PortAudio reported lost input
-        self.stream, self.name, self.rate_hz = _open_stream(
-            "input", options.input_device, options.block_ms, self._callback
-        )
+        super().__init__(options, options.input_device)
 
     def _callback(self, indata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
         if status.input_overflow:  # PortAudio lost samples before this block (callback late)
             self.device_overflows += 1
+        t_ns = self._beat()
         try:
-            self.blocks.put_nowait((indata[:, 0].copy(), time.monotonic_ns()))
+            self.blocks.put_nowait((indata[:, 0].copy(), t_ns))
         except queue.Full:
             self.overflows += 1
 
     def start(self) -> None:
-        """Start capturing."""
-        self.stream.start()
+        """Start capturing; a stream that cannot start counts as lost (the watch reopens it)."""
+        self.running = True
+        try:
+            self._start()
+        except AudioDeviceError as e:
+            self._mark_lost(str(e))
 
     def read(self, timeout_s: float = 0.1) -> tuple[np.ndarray, int] | None:
-        """The next block at 16 kHz, or None after ``timeout_s`` without one."""
+        """The next block at 16 kHz, or None after ``timeout_s`` without one.
+
+        Raises:
+            DeviceLostError: The device is lost (until it is reopened).
+        """
+        if self.lost.is_set():
+            raise DeviceLostError(f"input device {self.name!r} lost: {self.lost_reason}")
         try:
             block, t_ns = self.blocks.get(timeout=timeout_s)
         except queue.Empty:
@@ -186,13 +259,13 @@ class Microphone:
 
     def drain(self) -> None:
         """Drop captured blocks not read yet (e.g. what the mic heard while it was gated)."""
-        while not self.blocks.empty():
-            self.blocks.get_nowait()
+        try:
+            while True:
+                self.blocks.get_nowait()
+        except queue.Empty:  # also when the reader took the last one meanwhile
+            pass
 
-    def close(self) -> None:
-        """Stop and close the stream."""
-        self.stream.stop()
-        self.stream.close()
+    _on_lost = drain
 
 
 @dataclass
@@ -202,12 +275,16 @@ class _Segment:
     played: int = 0
 
 
-class Speaker:
+class Speaker(_Stream):
     """An output stream that plays queued segments and can be stopped mid-sentence.
 
     The callback records, per turn, when the first sample was handed to the device and how
     many samples of each segment were played (so a barge-in knows what the user heard).
+    When the device is lost, what is queued is dropped and ``play``/``wait`` raise
+    :class:`~assistant.devices.DeviceLostError` until it is reopened.
     """
+
+    kind = "output"
 
     def __init__(self, options: AudioOptions) -> None:
         self._lock = threading.Lock()
@@ -216,12 +293,16 @@ class Speaker:
         self.played_samples: dict[int, int] = {}  # per turn, counted at 16 kHz
         self.idle = threading.Event()
         self.idle.set()
-        self.stream, self.name, self.rate_hz = _open_stream(
-            "output", options.output_device, options.block_ms, self._callback
-        )
-        self.stream.start()
+        super().__init__(options, options.output_device)
+        self.running = True
+        try:
+            self._start()
+        except AudioDeviceError:
+            self.close()
+            raise
 
     def _callback(self, outdata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
+        self._beat()
         out = outdata[:, 0]
         filled = 0
         with self._lock:
@@ -242,8 +323,17 @@ class Speaker:
                 self.idle.set()
         out[filled:] = 0.0
 
+    def _check_lost(self) -> None:
+        if self.lost.is_set():
+            raise DeviceLostError(f"output device {self.name!r} lost: {self.lost_reason}")
+
     def play(self, turn_id: int, audio: np.ndarray) -> None:
-        """Queue 16 kHz mono audio behind whatever is playing."""
+        """Queue 16 kHz mono audio behind whatever is playing.
+
+        Raises:
+            DeviceLostError: The device is lost (until it is reopened).
+        """
+        self._check_lost()
         audio = resample(audio, SAMPLE_RATE_HZ, self.rate_hz)
         if audio.size == 0:
             return
@@ -257,15 +347,23 @@ class Speaker:
             self._segments.clear()
             self.idle.set()
 
+    _on_lost = stop  # sets ``idle`` too, so that a waiter wakes and sees the loss
+
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Block until the queue has played out; False on timeout."""
-        return self.idle.wait(timeout_s)
+        """Block until the queue has played out; False on timeout.
+
+        Raises:
+            DeviceLostError: The device is lost, or was lost while waiting.
+        """
+        self._check_lost()
+        done = self.idle.wait(timeout_s)
+        self._check_lost()
+        return done
 
     def close(self) -> None:
-        """Stop playback and close the stream."""
+        """Stop playback and close the stream (idempotent, also after a loss)."""
         self.stop()
-        self.stream.stop()
-        self.stream.close()
+        super().close()
 
 
 class AudioSink(Protocol):

@@ -222,7 +222,12 @@ class PlaybackEnded(Event):
 
 @dataclass(frozen=True)
 class TurnCancelled(Event):
-    """The turn stopped early (barge-in, Ctrl-C); ``heard_text`` is the part that was played."""
+    """The turn stopped early; ``heard_text`` is the reply as the conversation keeps it.
+
+    ``reason``: ``interrupted`` (barge-in, Ctrl-C: ``heard_text`` is the part that was
+    played), ``speaker lost`` (playback given up; the whole reply's text is kept),
+    ``microphone lost`` (the speech in progress was dropped; no reply), ``no words recognised``.
+    """
 
     reason: str = ""
     heard_text: str = ""
@@ -233,3 +238,26 @@ class TurnDone(Event):
     """The turn is over; ``record`` is its latency record (``assistant.latency.TurnRecord``)."""
 
     record: object = None
+
+
+@dataclass(frozen=True)
+class AudioDeviceLost(Event):
+    """An open audio device stopped working; ``kind`` is ``input`` or ``output``.
+
+    Not a turn event (``turn_id`` is the current turn). ``reason`` says how it was noticed:
+    the stream stopped by itself (the sound server or the card went away), or it delivered
+    no audio for ``AudioOptions.stall_ms``. Reopen attempts follow with backoff.
+    """
+
+    kind: str = ""
+    device: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class AudioDeviceRestored(Event):
+    """A lost audio device was opened again (``device``: its name now) after ``down_ms``."""
+
+    kind: str = ""
+    device: str = ""
+    down_ms: float = 0.0

@@ -1,7 +1,7 @@
 """The live loop: microphone -> endpointer -> turns, with speculation, rejoining and barge-in.
 
-Owns the capture thread, the partial-transcript thread and the turn threads; ``stop()`` joins
-them all.
+Owns the capture thread, the partial-transcript thread, the device watch and the turn threads;
+``stop()`` joins them all.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from assistant.audio import AudioSink, Microphone
+from assistant.audio import AudioSink, Microphone, Speaker
+from assistant.devices import DeviceLostError, DeviceWatch
 from assistant.events import (
     BargeIn,
     Event,
@@ -25,8 +26,9 @@ from assistant.events import (
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
+    TurnCancelled,
 )
-from assistant.pipeline import ReplyGate, VoicePipeline
+from assistant.pipeline import MICROPHONE_LOST, ReplyGate, VoicePipeline
 from assistant.turn import TurnOptions
 from assistant.vad import Endpointer
 
@@ -59,6 +61,11 @@ class LiveLoop:
     receives a ``MicLevel`` about every 100 ms while capturing. Typed messages go through
     ``submit_text`` so that they take turns with spoken ones. Without a microphone (and
     endpointer) only typed turns run; without a speaker replies are not spoken.
+
+    Lost devices (the sound server went away) are reported and reopened by a
+    :class:`~assistant.devices.DeviceWatch`. While the microphone is lost nothing is heard
+    (speech in progress is dropped: ``TurnCancelled`` ``microphone lost``); while the
+    speaker is lost, replies are text only. Typed turns work throughout.
     """
 
     def __init__(
@@ -90,6 +97,8 @@ class LiveLoop:
         self._partial_audio_ms = 0.0
         # "auto" is resolved by the session (with_partials_resolved); here it counts as on.
         self.partials_on = self.turn.partials != "off" and self.turn.partial_interval_ms > 0
+        watched = [d for d in (microphone, speaker) if isinstance(d, Microphone | Speaker)]
+        self.watch = DeviceWatch(watched, pipeline.emit, lambda: self.current_turn)
 
     def start(self) -> None:
         """Start capturing (``stop()`` ends and joins everything)."""
@@ -98,6 +107,7 @@ class LiveLoop:
             self.capture_thread.start()
             if self.partials_on:
                 self.partial_thread.start()
+        self.watch.start()
 
     def busy(self) -> bool:
         """Whether a turn is being worked on or answered."""
@@ -121,9 +131,18 @@ class LiveLoop:
     def _capture(self) -> None:
         assert self.mic is not None and self.endpointer is not None  # start() checked
         gated = False
+        lost = False
         level_due_ns = 0
         while not self.stop_event.is_set():
-            block = self.mic.read(0.1)
+            try:
+                block = self.mic.read(0.1)
+            except DeviceLostError:
+                if not lost:  # once per loss; the watch reports it and reopens the device
+                    lost = True
+                    self._drop_speech()
+                self.stop_event.wait(0.1)
+                continue
+            lost = False
             if block is None:
                 continue
             if self.on_level is not None and block[1] >= level_due_ns:
@@ -153,6 +172,23 @@ class LiveLoop:
                 self.pipeline.emit(event)  # first: a turn started for it must find it emitted
                 self._handle(event)
             self._maybe_partial()
+
+    def _drop_speech(self) -> None:
+        """The microphone was lost: forget the speech in progress and any work started on it."""
+        assert self.endpointer is not None and self.mic is not None
+        with self._ids:
+            turn = self.endpointer.turn_id
+            self.endpointer.reset()
+        self.mic.drain()
+        self._partial_audio_ms = 0.0
+        with self.floor:
+            newest = self.attempts[-1] if self.attempts else None
+            if newest is not None and newest.thread.is_alive() and not newest.gate.confirmed.is_set():
+                newest.gate.discard()  # speculative: the rest of the turn will not come
+                newest.cancel.set()
+                turn = turn or newest.turn_id
+        if turn:
+            self.pipeline.emit(TurnCancelled(turn, time.monotonic_ns(), MICROPHONE_LOST))
 
     def _handle(self, event: Event) -> None:
         """Start, confirm or discard the turn's work for one endpointer event."""
@@ -257,12 +293,17 @@ class LiveLoop:
             for thread in before:  # one turn at a time, in order
                 thread.join()
             if not cancel.is_set():
-                target(first, self.speaker, cancel, attempt.gate)
+                target(first, self._sink(), cancel, attempt.gate)
 
         attempt.thread = threading.Thread(target=run, name=f"turn-{turn}")
         self.attempts.append(attempt)
         self.current_turn = turn
         attempt.thread.start()
+
+    def _sink(self) -> AudioSink | None:
+        """The speaker, or None (text only) while it is lost."""
+        lost = getattr(self.speaker, "lost", None)
+        return None if lost is not None and lost.is_set() else self.speaker
 
     def interrupt(self) -> None:
         """Stop the reply being generated or spoken (the part heard stays in the history)."""
@@ -276,6 +317,7 @@ class LiveLoop:
         """Cancel the turn in progress, stop playback, join every thread."""
         self.stop_event.set()
         self.interrupt()
+        self.watch.stop()
         if self.capture_thread.is_alive():
             self.capture_thread.join()
         if self.partial_thread.is_alive():

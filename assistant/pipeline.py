@@ -21,6 +21,7 @@ import numpy as np
 
 from assistant.asr import first_clip_end
 from assistant.audio import AudioSink
+from assistant.devices import DeviceLostError
 from assistant.dialogue import Dialogue, Reply
 from assistant.events import (
     AudioReady,
@@ -45,6 +46,9 @@ from assistant.latency import TurnRecord, build_record
 from assistant.vad import SAMPLE_RATE_HZ
 
 logger = logging.getLogger(__name__)
+
+SPEAKER_LOST = "speaker lost"  # TurnCancelled.reason: the reply's text is kept, its audio was cut
+MICROPHONE_LOST = "microphone lost"  # TurnCancelled.reason: the speech in progress was dropped
 
 
 class Transcribes(Protocol):
@@ -274,13 +278,15 @@ class VoicePipeline:
     ) -> TurnRecord | None:
         sentences: queue.Queue[tuple[int, str] | None] = queue.Queue()
         spoken: list[tuple[str, int, int]] = []  # (sentence, turn-relative first sample, samples)
+        lost: list[str] = []  # why the sink failed (DeviceLostError), from either thread
         tts = None
         if self.synthesizer is None:
             sink = None  # text only: nothing to speak with
+        losses: list[int] = []  # the sink's loss count when this reply's audio first played
         if sink is not None:
             tts = threading.Thread(
                 target=self._speak,
-                args=(turn, sentences, sink, cancel, gate, spoken),
+                args=(turn, sentences, sink, cancel, gate, spoken, (lost, losses)),
                 name=f"tts-turn-{turn}",
             )
             tts.start()
@@ -296,15 +302,26 @@ class VoicePipeline:
             return None
         reply.confirm()  # now the exchange is part of the conversation
         if sink is not None:
-            while not cancel.is_set() and not sink.wait(0.05):
-                pass
-            if cancel.is_set():
+            try:
+                while not cancel.is_set() and not lost and not sink.wait(0.05):
+                    pass
+            except DeviceLostError as e:
+                lost.append(str(e))
+            if not lost and losses and getattr(sink, "losses", 0) != losses[0]:
+                # Lost and reopened between two looks: what was queued was dropped.
+                lost.append("the output device was lost and reopened during the reply")
+            if cancel.is_set() or lost:
                 sink.stop()
             first = getattr(sink, "first_audio_t_ns", {}).get(turn)
             if first:
                 self.emit(AudioStarted(turn, first))
         self.emit(PlaybackEnded(turn, time.monotonic_ns()))
-        if cancel.is_set():
+        if lost and not cancel.is_set():
+            # The speaker went away: the reply is cut, but its text stays in the conversation
+            # and the record (it was shown; the user can read it or ask again).
+            logger.info("turn %d: playback given up: %s", turn, lost[0])
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), SPEAKER_LOST, self.dialogue_reply()))
+        elif cancel.is_set():
             played = getattr(sink, "played_samples", {}).get(turn, 0) if sink is not None else None
             heard = self._heard(spoken, played) if played is not None else self.dialogue_reply()
             self.dialogue.revise_last_reply(heard)
@@ -384,10 +401,13 @@ class VoicePipeline:
         cancel: threading.Event,
         gate: ReplyGate,
         spoken: list[tuple[str, int, int]],
+        failures: tuple[list[str], list[int]],
     ) -> None:
+        """Render and play each sentence; a lost sink goes into ``failures`` (why, loss count)."""
+        lost, losses = failures
         offset = 0
         while (item := sentences.get()) is not None:
-            if cancel.is_set() or gate.discarded:
+            if cancel.is_set() or gate.discarded or lost:
                 continue  # drain without speaking
             index, sentence = item
             assert self.synthesizer is not None  # _answer speaks only with one
@@ -395,9 +415,15 @@ class VoicePipeline:
             self.emit(AudioReady(turn, time.monotonic_ns(), index, 1000 * audio.size / SAMPLE_RATE_HZ))
             if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
                 continue
+            if not losses:
+                losses.append(getattr(sink, "losses", 0))
+            try:
+                sink.play(turn, audio)
+            except DeviceLostError as e:
+                lost.append(str(e))
+                continue
             spoken.append((sentence, offset, audio.size))
             offset += audio.size
-            sink.play(turn, audio)
 
     @staticmethod
     def _heard(spoken: list[tuple[str, int, int]], played_samples: int) -> str:

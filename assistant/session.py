@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assistant.asr import Transcriber
-from assistant.audio import AudioDeviceError, Microphone, Speaker
+from assistant.audio import Microphone, Speaker
 from assistant.config import Settings
+from assistant.devices import AudioDeviceError
 from assistant.dialogue import Dialogue
 from assistant.events import Event
 from assistant.llm import load_llm

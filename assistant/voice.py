@@ -15,7 +15,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from assistant.audio import FileSink
+from assistant.devices import device_notice
 from assistant.events import (
+    AudioDeviceLost,
+    AudioDeviceRestored,
     BargeIn,
     Event,
     PartialTranscript,
@@ -24,6 +27,7 @@ from assistant.events import (
     SpeechResumed,
     SpeechStarted,
     TranscriptReady,
+    TurnCancelled,
     TurnDecision,
     TurnDone,
     TurnHeld,
@@ -31,7 +35,7 @@ from assistant.events import (
 from assistant.files import atomic_write
 from assistant.latency import TurnRecord
 from assistant.live import LiveLoop
-from assistant.pipeline import PipelineOptions, VoicePipeline
+from assistant.pipeline import MICROPHONE_LOST, SPEAKER_LOST, PipelineOptions, VoicePipeline
 from assistant.turn import TurnOptions
 from assistant.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
 
@@ -145,6 +149,12 @@ class ConsoleReporter:
             line = f"[turn {event.turn_id}] assistant: {event.text}"
         elif isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
             line = event.record.summary()
+        elif isinstance(event, AudioDeviceLost | AudioDeviceRestored):
+            line = device_notice(event)
+        elif isinstance(event, TurnCancelled) and event.reason == SPEAKER_LOST:
+            line = f"[turn {event.turn_id}] reply cut: the speaker was lost (its text above is kept)"
+        elif isinstance(event, TurnCancelled) and event.reason == MICROPHONE_LOST:
+            line = f"[turn {event.turn_id}] dropped: the microphone was lost while you spoke"
         if line:
             with self.lock:
                 print(line, file=self.out, flush=True)

@@ -18,6 +18,13 @@ start)
   }
   mkdir -p "$runtime/pulse" && chmod 700 "$runtime"
   if ! pactl info >/dev/null 2>&1; then
+    # A server killed moments ago can linger as a zombie until init reaps it; pulseaudio then
+    # takes its pid file for a running daemon and refuses to start. Such a pid file is stale.
+    pidfile=$runtime/pulse/pid
+    if [ -f "$pidfile" ]; then
+      state=$(ps -o stat= -p "$(cat "$pidfile")" 2>/dev/null || true)
+      case "$state" in "" | Z*) rm -f "$pidfile" ;; esac
+    fi
     pulseaudio --daemonize=yes --exit-idle-time=-1 --disallow-exit --system=false \
       --log-target=file:"$runtime/pulse.log" -n \
       --load="module-native-protocol-unix socket=$runtime/pulse/native auth-anonymous=1" \
@@ -25,8 +32,14 @@ start)
       --load="module-remap-source source_name=virtmic master=micfeed.monitor" \
       --load="module-null-sink sink_name=spk rate=16000 channels=1" 2>/dev/null
     for _ in $(seq 50); do pactl info >/dev/null 2>&1 && break; sleep 0.1; done
-    pactl set-default-source virtmic && pactl set-default-sink spk
+    pactl info >/dev/null 2>&1 || {
+      echo "pulseaudio did not start; see $runtime/pulse.log" >&2
+      exit 1
+    }
   fi
+  # Every (re)start: a server started again must offer the same defaults, or the app's
+  # "default" device would open a dummy sink or source after a restart.
+  pactl set-default-source virtmic && pactl set-default-sink spk
   # PortAudio (sounddevice) sees PulseAudio through ALSA's pulse plugin.
   asoundrc=$runtime/asoundrc
   printf 'pcm.!default { type pulse }\nctl.!default { type pulse }\npcm.pulse { type pulse }\nctl.pulse { type pulse }\n' > "$asoundrc"

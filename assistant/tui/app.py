@@ -27,10 +27,8 @@ from textual.widgets import Input, ProgressBar, RichLog, Static
 
 from assistant.audio import AudioSink, FileSink
 from assistant.config import Settings
-from assistant.events import (
-    Event,
-    TurnDone,
-)
+from assistant.devices import device_notice
+from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDone
 from assistant.latency import TurnRecord, build_record, export_report
 from assistant.live import LiveLoop
 from assistant.pipeline import PipelineOptions
@@ -227,6 +225,8 @@ class AssistantApp(App[int]):
     def _idle_state(self) -> str:
         if not self.has_mic:
             return "text mode"
+        if self.fold.lost_devices:
+            return self.fold.lost_state()
         return "muted" if self.muted else "listening" if self.listening else "paused"
 
     def _replay(self, path: Path) -> None:
@@ -260,6 +260,13 @@ class AssistantApp(App[int]):
             if isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
                 self.turn_done(event.record)
                 live = None if live == event.turn_id else live
+            elif isinstance(event, AudioDeviceLost | AudioDeviceRestored):
+                self.fold.apply(event, status, conversation)
+                lost = isinstance(event, AudioDeviceLost)
+                self.notify(
+                    device_notice(event), title="sound device", severity="warning" if lost else "information"
+                )
+                status.set(state=self._idle_state())
             elif self.fold.apply(event, status, conversation):
                 live = event.turn_id
         conversation.flush()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from assistant.devices import device_notice
 from assistant.events import (
+    AudioDeviceLost,
+    AudioDeviceRestored,
     AudioReady,
     BargeIn,
     Event,
@@ -36,11 +39,26 @@ class TurnFold:
     def __init__(self) -> None:
         self.turn_events: dict[int, list[Event]] = {}
         self.held: dict[int, list[str]] = {}  # reply text of turns still speculative
+        self.lost_devices: dict[str, str] = {}  # kind ("input", "output") -> device name
+
+    def lost_state(self) -> str:
+        """The status bar's state while a device is lost ("" when none is)."""
+        if len(self.lost_devices) > 1:
+            return "audio lost"
+        return {"input": "mic lost", "output": "speaker lost"}.get(next(iter(self.lost_devices), ""), "")
 
     def apply(self, event: Event, status: StatusBar, conversation: Conversation) -> bool:
         """Fold one event; True when the running turn's breakdown changed."""
         if isinstance(event, MicLevel):
             status.set(level_db=event.level_db)
+            return False
+        if isinstance(event, AudioDeviceLost):
+            self.lost_devices[event.kind] = event.device
+            conversation.notice(f"{device_notice(event)}; typing (t) still works", error=True)
+            return False
+        if isinstance(event, AudioDeviceRestored):
+            self.lost_devices.pop(event.kind, None)
+            conversation.notice(device_notice(event))
             return False
         turn = event.turn_id
         if isinstance(event, SpeechOnset):

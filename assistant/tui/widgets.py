@@ -216,4 +216,7 @@ STATE_STYLES = {
     "paused": "red",
     "loading": "blue",
     "text mode": "white",
+    "mic lost": "red",
+    "speaker lost": "red",
+    "audio lost": "red",
 }
