@@ -64,8 +64,9 @@ class LiveLoop:
 
     Lost devices (the sound server went away) are reported and reopened by a
     :class:`~assistant.devices.DeviceWatch`. While the microphone is lost nothing is heard
-    (speech in progress is dropped: ``TurnCancelled`` ``microphone lost``); while the
-    speaker is lost, replies are text only. Typed turns work throughout.
+    (speech in progress, and speech held from its length cuts, is dropped: ``TurnCancelled``
+    ``microphone lost``); while the speaker is lost, replies are text only. Typed turns
+    work throughout.
     """
 
     def __init__(
@@ -174,11 +175,17 @@ class LiveLoop:
             self._maybe_partial()
 
     def _drop_speech(self) -> None:
-        """The microphone was lost: forget the speech in progress and any work started on it."""
+        """The microphone was lost: forget the speech in progress and any work started on it.
+
+        Speech held from the utterance's length cuts goes too: the rest of that question will
+        not come, and it must not be joined to the next one.
+        """
         assert self.endpointer is not None and self.mic is not None
         with self._ids:
             turn = self.endpointer.turn_id
             self.endpointer.reset()
+        held = self.pipeline.drop_held()
+        turn = turn or (held[-1] if held else 0)
         self.mic.drain()
         self._partial_audio_ms = 0.0
         with self.floor:

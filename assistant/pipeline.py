@@ -238,6 +238,11 @@ class VoicePipeline:
             self.held = HeldSpeech()  # answered: the next long utterance starts afresh
         return record
 
+    def drop_held(self) -> list[int]:
+        """Forget the held speech (the microphone was lost mid-utterance); returns its turns."""
+        held, self.held = self.held, HeldSpeech()
+        return held.turns
+
     def _hold(self, turn: int, audio: np.ndarray) -> None:
         """Keep a turn cut for length; transcribe the held speech's clips that became final."""
         held = self.held

@@ -24,7 +24,7 @@ import pytest
 
 from assistant.tui.app import AssistantApp
 from assistant.tui.widgets import Conversation
-from tests.speech import speak
+from tests.speech import numbered_sentences, speak
 from tests.test_tui import builder, pipeline_threads, rescan_audio_devices, settings, wait_until
 from tests.tui_helpers import screen_text
 
@@ -117,11 +117,11 @@ def started():
 class App:
     """``assistant run --no-tui`` on the module's server: stdout read line by line, events logged."""
 
-    def __init__(self, server: Pulse, folder: Path, started: list[App]) -> None:
+    def __init__(self, server: Pulse, folder: Path, started: list[App], args: tuple[str, ...] = ()) -> None:
         started.append(self)
         self.events_path, self.log = folder / "events.jsonl", folder / "turns.jsonl"
         self.stderr_path = folder / "stderr.txt"
-        cmd = [sys.executable, "-m", "assistant", "run", "--no-tui"]
+        cmd = [sys.executable, "-m", "assistant", "run", "--no-tui", *args]
         cmd += ["--events", str(self.events_path), "--log", str(self.log)]
         self.stderr = self.stderr_path.open("w")  # a file: PortAudio's lines must not fill a pipe
         self.proc = subprocess.Popen(
@@ -229,6 +229,40 @@ def test_server_killed_during_playback_cuts_the_turn_keeps_its_text_and_answers_
     # the question (about as long as the second one) and the whole first reply.
     grown = second["prompt_tokens"] - first["prompt_tokens"]
     assert grown >= first["tokens"] + 5, (grown, first["tokens"], first["prompt_tokens"])
+    app.finish()
+
+
+@pytest.mark.slow
+def test_server_killed_while_long_speech_is_held_drops_it_and_the_next_question_stands_alone(
+    server, question_wav, tmp_path, started
+):
+    """A monologue cut for length (held, not answered yet), then the microphone is lost.
+
+    The rest of that question will never come: the held speech is dropped with the notice,
+    not glued to whatever the user says once the microphone is back.
+    """
+    config = tmp_path / "config.toml"
+    config.write_text("[vad]\nmax_utterance_s = 3.0\n")
+    monologue = tmp_path / "monologue"
+    monologue.mkdir()
+    speak(numbered_sentences(3), monologue, "three")
+    app = App(server, tmp_path, started, ("--config", str(config)))
+    app.wait_for("listening on", 120)
+    player = subprocess.Popen(
+        ["paplay", "--device=micfeed", str(monologue / "three.wav")], env={**os.environ, **server.env}
+    )
+    app.wait_for(r"\[turn \d+\] long speech cut for length", 30)
+    server.kill()
+    player.wait(30)
+    app.wait_for(r"dropped: the microphone was lost", LOST_S)
+    server.start()
+    app.wait_for(r"audio: (microphone|speaker) back", BACK_S)
+    app.wait_for(r"audio: (microphone|speaker) back", BACK_S)
+    play(server, question_wav)
+    app.wait_for(r"turn \d+ \| voice-to-voice", 60)
+    (record,) = app.records().values()
+    assert "capital" in record["transcript"].lower(), record
+    assert "sentence" not in record["transcript"].lower() and record["held_turns"] == [], record
     app.finish()
 
 
