@@ -48,11 +48,17 @@ OK = cudaError_t.cudaSuccess
 
 @dataclass
 class Op:
-    """One piece of queued work: ``run()`` does it; ``uses`` are the (ptr, nbytes) it touches."""
+    """One piece of queued work: ``run()`` does it; ``uses`` are the (ptr, nbytes) it touches.
+
+    A kernel also says which device ranges it ``reads`` and ``writes`` (the real-CUDA bridge,
+    ``tests/standin_real_cuda.py``, stages exactly those around ``run()``).
+    """
 
     what: str
     run: Callable[[], None]
     uses: list[tuple[int, int]] = field(default_factory=list)
+    reads: list[tuple[int, int]] = field(default_factory=list)
+    writes: list[tuple[int, int]] = field(default_factory=list)
 
 
 class FakeStream:
@@ -160,6 +166,12 @@ class FakeCuda:
             if base <= ptr and ptr + nbytes <= base + mem.nbytes:
                 return mem[ptr - base : ptr - base + nbytes]
         raise OrderingError(f"device range {ptr:#x}+{nbytes} is not inside a live allocation")
+
+    def check_live(self, ptr: int, nbytes: int) -> None:
+        """A bound range must lie in one live allocation."""
+        self.device_view(ptr, nbytes)
+
+    kernel_view = device_view  # what a kernel reads and writes: the device bytes themselves
 
     def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
         """Pinned host bytes ``[ptr, ptr + nbytes)`` of one live ``cudaMallocHost`` allocation."""

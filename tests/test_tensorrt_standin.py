@@ -9,6 +9,8 @@ on the same export. Tiny random-weight Qwen2 model (exports in ~1 s).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -30,6 +32,7 @@ from models.config import DecoderConfig
 from tests import trt_standin
 from tests.test_architectures import qwen2
 
+REAL_CUDA = os.environ.get("STANDIN_CUDA") == "real"
 CAPACITY = 256
 PROFILE = EngineOptions(
     prefill_opt_tokens=8, prefill_max_tokens=16, context_opt_tokens=64, context_max_tokens=CAPACITY
@@ -56,14 +59,31 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """``gpu(**FakeCuda options)`` -> (cuda, trt): the stand-in, patched into ``cuda_mem``."""
+    """``gpu(**FakeCuda options)`` -> (cuda, trt): the stand-in, patched into ``cuda_mem``.
+
+    With ``STANDIN_CUDA=real`` (on a machine with an NVIDIA GPU) the CUDA half is the real
+    ``cuda.bindings.runtime`` (``tests/standin_real_cuda.py``): the same tests then run
+    ``cuda_mem``'s memory, stream, copy and graph code on the GPU.
+    """
+    made = []
 
     def make(fail_calls=(), fail_contexts_after=-1, **cuda_options):
-        cuda = trt_standin.FakeCuda(**cuda_options)
+        if REAL_CUDA:
+            from tests.standin_real_cuda import RealCuda
+
+            cuda = RealCuda(**cuda_options)
+        else:
+            cuda = trt_standin.FakeCuda(**cuda_options)
+        made.append(cuda)
         monkeypatch.setattr(cuda_mem, "cudart", lambda: cuda)
         return cuda, trt_standin.FakeTensorRT(cuda, fail_calls, fail_contexts_after)
 
-    return make
+    yield make
+    for cuda in made:
+        if REAL_CUDA:
+            cuda.rt.cudaDeviceSynchronize()
+            cuda.free_staging()
+            assert not cuda.errors, cuda.errors
 
 
 def trt_step(tiny, trt, flavour="tensorrt", blob=None, **options):

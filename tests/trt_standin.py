@@ -239,7 +239,7 @@ class IExecutionContext:
                 if a < b + bn and b < a + an:
                     raise OrderingError(f"output at {a:#x} overlaps another tensor at {b:#x}")
         for ptr, nbytes in [*ins, *outs]:
-            self.cuda.device_view(ptr, nbytes)  # bound memory must be live and large enough
+            self.cuda.check_live(ptr, nbytes)  # bound memory must be live and large enough
         if not capturing:
             self.ran_with = (self.profile, shapes)
         if self.config is not None and self.config.cache is not None:
@@ -251,18 +251,19 @@ class IExecutionContext:
             for name in engine.inputs:
                 shape, nbytes = regions[name]
                 dtype = NUMPY[engine.inputs[name]]
-                feed[name] = self.cuda.device_view(addresses[name], nbytes).view(dtype).reshape(shape).copy()
+                feed[name] = self.cuda.kernel_view(addresses[name], nbytes).view(dtype).reshape(shape).copy()
             expected = np.arange(past, past + count)
             assert np.array_equal(feed[POSITION_IDS][0], expected), "position_ids do not continue the cache"
             results = engine.session.run(list(engine.outputs), feed)
             for name, value in zip(engine.outputs, results, strict=True):
                 shape, nbytes = regions[name]
                 assert value.shape == shape, (name, value.shape, shape)
-                self.cuda.device_view(addresses[name], nbytes)[:] = np.frombuffer(value.tobytes(), np.uint8)
+                self.cuda.kernel_view(addresses[name], nbytes)[:] = np.frombuffer(value.tobytes(), np.uint8)
             self.cuda.counts["kernel"] += 1
 
         uses = [*ins, *outs]
-        self.cuda.enqueue(stream, Op(f"execute profile {self.profile} ({count} tokens at {past})", run, uses))
+        what = f"execute profile {self.profile} ({count} tokens at {past})"
+        self.cuda.enqueue(stream_handle, Op(what, run, uses, reads=ins, writes=outs))
         return True
 
     def _regions(self, shapes: dict[str, tuple[int, ...]], count: int, past: int) -> dict[str, Any]:
