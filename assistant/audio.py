@@ -18,7 +18,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from assistant.devices import AudioDeviceError, DeviceLostError, abandon_portaudio, open_stream, portaudio
+from assistant.devices import (
+    AudioDeviceError,
+    DeviceLostError,
+    abandon_portaudio,
+    open_stream,
+    portaudio,
+    register_stream,
+)
 from engines.bounds import bounds
 
 logger = logging.getLogger(__name__)
@@ -84,6 +91,7 @@ class _Stream:
         self.name = ""
         self.rate_hz = SAMPLE_RATE_HZ
         self._open()
+        register_stream(self)
 
     def _callback(self, data: np.ndarray, frames: int, _time: Any, status: Any) -> None:
         raise NotImplementedError

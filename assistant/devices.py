@@ -13,6 +13,7 @@ import atexit
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -151,6 +152,19 @@ def abandon_portaudio() -> None:
     """
     sd = portaudio()
     atexit.unregister(sd._exit_handler)
+
+
+_STREAMS: weakref.WeakSet[Any] = weakref.WeakSet()  # the device streams of this process
+
+
+def register_stream(device: Any) -> None:
+    """Count ``device`` (with an ``is_open()``) among this process's streams for :func:`rescan`."""
+    _STREAMS.add(device)
+
+
+def streams_open() -> bool:
+    """Whether any device stream of this process is open (then PortAudio must not restart)."""
+    return any(device.is_open() for device in list(_STREAMS))
 
 
 def rescan() -> None:
@@ -302,8 +316,10 @@ class DeviceWatch:
             if not outage.reopened:
                 self.devices[i].release()
         try:
-            if not any(d.is_open() for d in self.devices):
-                rescan()  # a sound server that restarted is seen only by a fresh PortAudio
+            # A sound server that restarted is seen only by a fresh PortAudio, which closes
+            # every stream of the process: only when none is open (not only ours).
+            if not streams_open():
+                rescan()
         except AudioDeviceError as e:
             logger.info("audio devices not back yet: %s", e)
             self._later(due)

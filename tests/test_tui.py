@@ -242,6 +242,23 @@ def source_outputs(env) -> list[str]:
 
 
 @pytest.mark.asyncio
+async def test_the_app_ending_without_q_still_stops_listening_and_closes_the_devices(pulse, monkeypatch):
+    """An exit that is not q (a failed test, an error): no capture thread or device watch outlives it."""
+    for key, value in pulse.items():
+        monkeypatch.setenv(key, value)
+    rescan_audio_devices()
+    s = settings()
+    app = AssistantApp(builder(s), settings=s, gpu=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.loop is not None and app.session is not None)
+        loop = app.loop
+        app.exit(0)
+        await pilot.pause()
+    assert not loop.capture_thread.is_alive() and not loop.watch.thread.is_alive()
+    assert not pipeline_threads()
+
+
+@pytest.mark.asyncio
 async def test_q_while_models_load_cancels_the_load_and_closes_the_microphone(pulse, monkeypatch):
     """Q during loading: the load stops at its next step, the app exits, no stream is left open."""
     for key, value in pulse.items():

@@ -372,6 +372,10 @@ class AssistantApp(App[int]):
         self.shutdown()
         self.exit(0)
 
+    def on_unmount(self) -> None:
+        """The app is going, however it goes: nothing it started may outlive it."""
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Stop the load, join every pipeline thread and close the devices (idempotent)."""
         self.cancel_load.set()
