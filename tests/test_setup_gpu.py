@@ -8,6 +8,7 @@ cudaErrorInsufficientDriver with a fake ``cuda.bindings.runtime``.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import shutil
@@ -19,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from engines import selection
-from engines.tensorrt import flavour
+from engines.selection import choose_backend
+from engines.tensorrt import cuda_mem, flavour
 from engines.tensorrt.install import (
     CUDA_PYTHON_PIN,
     FLAVOUR_CUDA,
@@ -266,3 +268,68 @@ def test_setup_on_a_gpu_machine_says_in_one_line_that_tensorrt_failed_and_still_
         "fake assistant: models fetch",
     ]
     assert stamp.read_text().endswith("extras=[gpu-cu13] gpu=1 tensorrt=none\n")
+
+
+# --- cuda-python too new for the driver -------------------------------------------------------
+
+
+class InsufficientDriverCudart:
+    """``cuda.bindings.runtime`` as cuda-python 13.4 answers on a machine whose driver is older.
+
+    ``driver`` 0 is no driver at all, which the real cuda-python 13.4 reports on this CPU
+    machine the same way (cudaErrorInsufficientDriver from cudaGetDeviceCount, driver version 0).
+    """
+
+    class cudaError_t(enum.IntEnum):  # noqa: N801 (cuda-python's names)
+        cudaSuccess = 0
+        cudaErrorInsufficientDriver = 35
+
+    def __init__(self, driver: int) -> None:
+        self.driver = driver
+
+    def cudaGetDeviceCount(self):  # noqa: N802
+        return self.cudaError_t.cudaErrorInsufficientDriver, None
+
+    def cudaDriverGetVersion(self):  # noqa: N802
+        return self.cudaError_t.cudaSuccess, self.driver
+
+    def cudaRuntimeGetVersion(self):  # noqa: N802
+        return self.cudaError_t.cudaSuccess, 13040
+
+    def cudaGetErrorString(self, status):  # noqa: N802
+        return self.cudaError_t.cudaSuccess, b"CUDA driver version is insufficient for CUDA runtime version"
+
+
+def test_auto_names_cuda_python_too_new_for_the_driver_and_the_pin_that_fixes_it(monkeypatch):
+    monkeypatch.setattr(cuda_mem, "cudart", lambda: InsufficientDriverCudart(12040))  # R550: CUDA 12.4
+    found = selection.probe()
+    assert found.gpu is None
+    reason = choose_backend(found).reason
+    assert "cuda-python is built for CUDA 13.4 and the NVIDIA driver runs CUDA 12.4 at most" in reason
+    assert "pip install 'cuda-python>=12.6.1,<13', or update the NVIDIA driver to R580+" in reason
+    assert not reason.startswith("no CUDA GPU:")
+    # Where PyTorch still sees the GPU, the reason says why TensorRT was not considered.
+    with_torch = choose_backend(selection.Probe(None, None, None, True, True, found.gpu_problem))
+    assert with_torch.backend == "pytorch" and "pip install 'cuda-python>=12.6.1,<13'" in with_torch.reason
+
+
+def test_tensorrt_backend_refuses_with_the_driver_reason(monkeypatch, tmp_path):
+    pytest.importorskip("tensorrt_rtx_bindings")
+    from engines.tensorrt.backend import load_tensorrt_decoder
+    from engines.tensorrt.flavour import TensorRTUnavailable
+    from engines.tensorrt.options import EngineOptions
+
+    monkeypatch.setattr(cuda_mem, "cudart", lambda: InsufficientDriverCudart(12040))
+    with pytest.raises(
+        TensorRTUnavailable, match=r"cudaErrorInsufficientDriver\): pip install 'cuda-python>=12\.6\.1,<13'"
+    ):
+        load_tensorrt_decoder(tmp_path, None, EngineOptions(flavour="tensorrt-rtx"), tmp_path)
+
+
+def test_no_driver_at_all_is_still_no_gpu(monkeypatch):
+    if shutil.which("nvidia-smi") is None:  # the real cuda-python here: no driver, no GPU
+        pytest.importorskip("cuda.bindings.runtime")
+        assert cuda_mem.find_gpu() is None
+    monkeypatch.setattr(cuda_mem, "cudart", lambda: InsufficientDriverCudart(0))
+    assert cuda_mem.find_gpu() is None and cuda_mem.gpu_info() is None
+    assert choose_backend(selection.probe()).reason.startswith("no CUDA GPU: ONNX Runtime on the CPU")
