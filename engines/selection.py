@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
+from engines.tensorrt.cuda_mem import GpuInfo, GpuUnusable, find_gpu
 from engines.tensorrt.flavour import TensorRTUnavailable, load_flavour, rtx_supports
 
 TENSORRT_MIN_CAPABILITY = (7, 5)  # TensorRT 10 supports Turing and newer
@@ -20,7 +20,8 @@ TENSORRT_MIN_CAPABILITY = (7, 5)  # TensorRT 10 supports Turing and newer
 class Probe:
     """What this machine offers: TensorRT versions (``None`` when absent), the GPU, torch CUDA.
 
-    ``onnxruntime``: the ``onnxruntime`` package imports.
+    ``onnxruntime``: the ``onnxruntime`` package imports. ``gpu_problem``: why cuda-python sees
+    no GPU although a driver is installed (cuda-python too new for it), with the fix.
     """
 
     tensorrt: str | None
@@ -28,6 +29,7 @@ class Probe:
     gpu: GpuInfo | None
     torch_cuda: bool
     onnxruntime: bool
+    gpu_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,10 @@ def probe() -> Probe:
         ort = True
     except ImportError:
         ort = False
-    return Probe(versions["tensorrt"], versions["tensorrt-rtx"], gpu_info(), torch_cuda, ort)
+    found = find_gpu()
+    gpu = found if isinstance(found, GpuInfo) else None
+    problem = found.reason if isinstance(found, GpuUnusable) else None
+    return Probe(versions["tensorrt"], versions["tensorrt-rtx"], gpu, torch_cuda, ort, problem)
 
 
 def choose_backend(found: Probe) -> Choice:
@@ -80,12 +85,17 @@ def choose_backend(found: Probe) -> Choice:
         if found.torch_cuda:
             return Choice("pytorch", "cuda", f"{missing}: PyTorch on {gpu.name}")
         return Choice("pytorch", "cpu", f"{missing} and PyTorch has no CUDA: PyTorch on the CPU")
+    # A driver that cuda-python cannot use is named, with the fix, not reported as "no GPU".
+    problem = f" ({found.gpu_problem})" if found.gpu_problem else ""
     if found.torch_cuda:
-        return Choice("pytorch", "cuda", "PyTorch sees a CUDA GPU (cuda-python does not): PyTorch on CUDA")
+        return Choice(
+            "pytorch", "cuda", f"PyTorch sees a CUDA GPU (cuda-python does not{problem}): PyTorch on CUDA"
+        )
+    no_gpu = f"no CUDA GPU usable{problem}" if problem else "no CUDA GPU"
     if found.onnxruntime:
         return Choice(
             "onnxruntime",
             "cpu",
-            "no CUDA GPU: ONNX Runtime on the CPU, measured ~2.2x faster at decoding than PyTorch there",
+            f"{no_gpu}: ONNX Runtime on the CPU, measured ~2.2x faster at decoding than PyTorch there",
         )
-    return Choice("pytorch", "cpu", "no CUDA GPU and onnxruntime not installed: PyTorch on the CPU")
+    return Choice("pytorch", "cpu", f"{no_gpu} and onnxruntime not installed: PyTorch on the CPU")

@@ -3,6 +3,10 @@
 #   scripts/setup.sh          runtime only
 #   scripts/setup.sh --dev    plus test tools and the packages the tests use
 # Re-running is cheap: each step is skipped when already done.
+# With an NVIDIA GPU it also installs the TensorRT that fits the GPU and driver (chosen by
+# engines/tensorrt/install.py from nvidia-smi); if that install fails, setup says so in one line
+# and carries on (the decoder then runs on PyTorch with CUDA graphs).
+#   ASSISTANT_TENSORRT=none|tensorrt-rtx|tensorrt-cu13|tensorrt-cu12   overrides the choice
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
@@ -40,11 +44,20 @@ python=${PYTHON:-python3}
 gpu=0
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=1
 extras=""
-(( gpu )) && extras="gpu"
+tensorrt=""
+if (( gpu )); then
+  # Which cuda-python major (extra gpu or gpu-cu13) and TensorRT flavour fit the GPUs and driver.
+  gpus=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null || true)
+  choice=$(printf '%s\n' "$gpus" | .venv/bin/python -m engines.tensorrt.install "${ASSISTANT_TENSORRT:-auto}")
+  read -r extras tensorrt why <<<"$choice"
+fi
 (( dev )) && extras="${extras:+$extras,}dev"
 stamp=.venv/.setup-stamp
-want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu"
-if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
+have=$(cat "$stamp" 2>/dev/null || true)
+# A failed TensorRT install is recorded, not retried at every start (run.sh runs setup each time).
+if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; then
+  [[ -n "$tensorrt" ]] && say "GPU: $why"
   .venv/bin/python -m pip install -q --upgrade pip
   if (( ! gpu )); then
     # No CUDA GPU: pin the CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
@@ -53,7 +66,18 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   fi
   say "installing the assistant${extras:+ with extras [$extras]}"
   .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
-  echo "$want" > "$stamp"
+  outcome=""
+  if [[ -n "$tensorrt" && "$tensorrt" != none ]]; then
+    # Its own step: the assistant is installed already, so a failure here costs only TensorRT.
+    say "installing $tensorrt"
+    log=.venv/tensorrt-install.log
+    if ! .venv/bin/python -m pip install -q -e ".[$extras,$tensorrt]" >"$log" 2>&1; then
+      error=$(grep '^ERROR:' "$log" | tail -n 1 | cut -c8-160 || true)
+      say "TensorRT not installed: pip install -e '.[$extras,$tensorrt]' failed (${error:-see $log}; log: $log): the decoder runs on PyTorch with CUDA graphs; retry: rm $stamp && scripts/setup.sh"
+      outcome=" (tensorrt install failed)"
+    fi
+  fi
+  echo "$want$outcome" > "$stamp"
 fi
 
 .venv/bin/assistant models fetch

@@ -27,6 +27,7 @@ class cudaError_t(enum.IntEnum):  # noqa: N801 (cuda-python's names)
     cudaSuccess = 0
     cudaErrorInvalidValue = 1
     cudaErrorMemoryAllocation = 2
+    cudaErrorInsufficientDriver = 35
     cudaErrorStreamCaptureUnsupported = 900
     cudaErrorStreamCaptureInvalidated = 901
 

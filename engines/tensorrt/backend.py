@@ -16,7 +16,7 @@ from engines.driver import DecoderDriver, Detokenizer
 from engines.onnx_export import ExportOptions, export_decoder
 from engines.progress import ProgressCallback, emit
 from engines.tensorrt.builder import BuiltEngine, build_engine
-from engines.tensorrt.cuda_mem import gpu_info
+from engines.tensorrt.cuda_mem import GpuUnusable, find_gpu
 from engines.tensorrt.flavour import (
     TensorRTUnavailable,
     export_dtype,
@@ -53,7 +53,9 @@ def load_tensorrt_decoder(
         EngineIncompatible: The engine still does not run after a rebuild.
     """
     flavour = load_flavour(resolve_flavour_name(options.flavour))
-    gpu = gpu_info()
+    gpu = find_gpu()
+    if isinstance(gpu, GpuUnusable):
+        raise TensorRTUnavailable(f"a TensorRT engine runs on an NVIDIA GPU: {gpu.reason}")
     if gpu is None:
         raise TensorRTUnavailable(
             "a TensorRT engine runs on an NVIDIA GPU and none is usable here (cuda-python sees no "

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from engines.tensorrt.install import CUDA_DRIVER_MIN, CUDA_PYTHON_PIN
+
 
 class CudaError(RuntimeError):
     """A CUDA runtime call failed (or cuda-python / the driver is missing)."""
@@ -27,6 +29,13 @@ class GpuInfo:
     memory_bytes: int
 
 
+@dataclass(frozen=True)
+class GpuUnusable:
+    """An NVIDIA driver is installed but cuda-python cannot use it; ``reason`` names the fix."""
+
+    reason: str
+
+
 def cudart() -> Any:
     """The ``cuda.bindings.runtime`` module.
 
@@ -36,7 +45,7 @@ def cudart() -> Any:
     try:
         from cuda.bindings import runtime
     except ImportError as e:
-        raise CudaError("cuda-python is not installed; pip install 'cuda-python>=12.6'") from e
+        raise CudaError(f"cuda-python is not installed; pip install '{CUDA_PYTHON_PIN[12]}'") from e
     return runtime
 
 
@@ -53,10 +62,23 @@ def check(result: Any, call: str) -> Any:
 
 
 def gpu_info(device: int = 0) -> GpuInfo | None:
-    """Facts about a CUDA device, or ``None`` without cuda-python, a driver or a GPU."""
+    """Facts about a CUDA device, or ``None`` when there is none to use (:func:`find_gpu` says why)."""
+    found = find_gpu(device)
+    return found if isinstance(found, GpuInfo) else None
+
+
+def find_gpu(device: int = 0) -> GpuInfo | GpuUnusable | None:
+    """Facts about a CUDA device; why it is unusable; or ``None`` without cuda-python, a driver or a GPU.
+
+    cuda-python 13.x on a driver older than R580 sees no device (cudaErrorInsufficientDriver):
+    that is :class:`GpuUnusable` with the pip pin that fits the driver, not "no GPU".
+    """
     try:
         rt = cudart()
-        count = check(rt.cudaGetDeviceCount(), "cudaGetDeviceCount")
+        result = rt.cudaGetDeviceCount()
+        if result[0] == rt.cudaError_t.cudaErrorInsufficientDriver:
+            return _driver_too_old(rt)
+        count = check(result, "cudaGetDeviceCount")
         if count <= device:
             return None
         prop = check(rt.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
@@ -66,6 +88,23 @@ def gpu_info(device: int = 0) -> GpuInfo | None:
         prop.name.decode(errors="replace").rstrip("\x00") if isinstance(prop.name, bytes) else str(prop.name)
     )
     return GpuInfo(name, (int(prop.major), int(prop.minor)), int(prop.totalGlobalMem))
+
+
+def _driver_too_old(rt: Any) -> GpuUnusable | None:
+    """Why cudaErrorInsufficientDriver: no driver at all (``None``), or one older than cuda-python."""
+    status, driver = rt.cudaDriverGetVersion()
+    if status != rt.cudaError_t.cudaSuccess or not driver:
+        return None  # no driver installed: what a machine without an NVIDIA GPU reports
+    _, runtime = rt.cudaRuntimeGetVersion()
+    has, needs = driver // 1000, runtime // 1000
+    update = "update the NVIDIA driver"
+    if needs in CUDA_DRIVER_MIN:
+        update += f" to R{CUDA_DRIVER_MIN[needs][0]}+"
+    fix = f"pip install '{CUDA_PYTHON_PIN[has]}', or {update}" if has in CUDA_PYTHON_PIN else update
+    return GpuUnusable(
+        f"cuda-python is built for CUDA {needs}.{runtime % 1000 // 10} and the NVIDIA driver runs CUDA "
+        f"{has}.{driver % 1000 // 10} at most (cudaErrorInsufficientDriver): {fix}"
+    )
 
 
 class DeviceBuffer:
