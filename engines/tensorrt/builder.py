@@ -2,8 +2,8 @@
 
 ``build_engine`` parses the export (every parser error is reported with its node), sets the
 precision (strongly typed from the graph's dtype, or builder flags + INT8 calibration on full
-TensorRT), the workspace limit, the compute-capability targets (RTX) and two optimization
-profiles (prefill and decode, ``options.py``), reports TensorRT's progress as
+TensorRT 10.x: ``flavour.export_dtype``), the workspace limit, the compute-capability targets
+(RTX) and two optimization profiles (prefill and decode, ``options.py``), reports TensorRT's progress as
 :class:`~engines.progress.EngineProgress` events, reuses the timing cache (full
 TensorRT) and stores the engine with its record (``cache.py``). A cached engine whose record
 and bytes check out is returned without touching the builder.
@@ -135,7 +135,7 @@ def engine_identity(
     gpu: GpuInfo | None,
 ) -> dict[str, Any]:
     """Everything that shapes the engine; its hash is the cache key."""
-    _, strongly_typed = export_dtype(flavour.name, options.precision)
+    _, strongly_typed = export_dtype(flavour, options.precision)
     identity = {
         "flavour": flavour.name,
         "version": flavour.version,
@@ -204,7 +204,7 @@ def build_engine(
     """
     options.validate()
     flavour = load_flavour(flavour_name)
-    dtype, strongly_typed = export_dtype(flavour.name, options.precision)
+    dtype, strongly_typed = export_dtype(flavour, options.precision)
     if exported.metadata.get("assistant.dtype") != dtype:
         raise EngineOptionsError(
             f"{options.precision} engines are built from the {dtype} export, not "
