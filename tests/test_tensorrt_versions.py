@@ -1,4 +1,4 @@
-"""Which precision builds on which TensorRT version (issue 14, defect 2).
+"""Which precision builds on which TensorRT version (issue 14, defects 2 and 10).
 
 TensorRT 11 removed the weakly typed precision flags and the INT8 calibrator, so what a
 precision needs is decided from the imported module (``flavour.export_dtype``): a table test
@@ -19,7 +19,7 @@ import torch
 
 from assistant.__main__ import main
 from engines.onnx_export import ExportOptions, export_decoder
-from engines.tensorrt import builder, cache
+from engines.tensorrt import builder, cache, calibration
 from engines.tensorrt.cuda_mem import GpuInfo
 from engines.tensorrt.flavour import Flavour, UnsupportedPrecision, export_dtype, load_flavour
 from engines.tensorrt.options import EngineOptions
@@ -149,3 +149,33 @@ def test_tensorrt_11_refuses_int8_in_one_line_before_exporting(tensorrt11, tiny_
     assert "build --precision fp16" in err
     assert not (tiny_model / "onnx").exists()  # nothing exported
     assert not (tmp_path / "store" / "engines").exists()
+
+
+def test_calibration_cache_is_keyed_by_chunk_length_and_tensorrt_version(tmp_path, monkeypatch):
+    """Defect 10: scales from another chunk length or TensorRT version are never reused."""
+    torch.manual_seed(0)
+    qwen2().save_pretrained(tmp_path / "tiny")
+    exported = export_decoder(tmp_path / "tiny", ExportOptions(dtype="fp32"))
+    paths = []
+
+    def calibrator(trt, ids, cache_path, length_tokens):
+        paths.append(cache_path)
+        return SimpleNamespace(length_tokens=length_tokens, free=lambda: None)
+
+    monkeypatch.setattr(calibration, "make_calibrator", calibrator)
+    monkeypatch.setattr(builder, "_build", lambda *args: b"engine")  # no TensorRT 10 here
+    ids = [list(range(40))] * 8
+    for version, opt_tokens in (("10.8.0.43", 16), ("10.8.0.43", 32), ("10.9.0.34", 32)):
+        monkeypatch.setattr(builder, "load_flavour", lambda name, v=version: Flavour(name, tensorrt10(v), v))
+        options = EngineOptions(flavour="tensorrt", precision="int8", prefill_opt_tokens=opt_tokens)
+        built = builder.build_engine(
+            exported, options, tmp_path / "engines", flavour_name="tensorrt", calibration_ids=ids, gpu=GPU
+        )
+        assert not built.cache_hit
+    assert len(set(paths)) == 3, [p.name for p in paths]
+    assert "-16tok-" in paths[0].name and paths[2].name.endswith("-tensorrt-10.9.0.34.bin")
+    again = builder.build_engine(
+        exported, options, tmp_path / "engines", flavour_name="tensorrt", calibration_ids=ids, gpu=GPU,
+        force=True,
+    )  # fmt: skip
+    assert again.path == built.path and paths[-1] == paths[2]  # same length and version: same scales

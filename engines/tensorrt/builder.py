@@ -170,6 +170,21 @@ def entry_folder(cache_dir: Path, model_id: str, identity: dict[str, Any]) -> Pa
     return cache_dir / cache.slug(name)
 
 
+def calibration_cache_name(
+    flavour: Flavour, identity: dict[str, Any], ids: list[list[int]], length_tokens: int
+) -> str:
+    """``calibration-<onnx sha>-<snippets sha>-<length>tok-<flavour>-<version>.bin``.
+
+    Scales measured on chunks of another length, or by another TensorRT version, are other
+    scales: each gets its own file instead of being reused.
+    """
+    onnx, snippets = identity["onnx_sha256"][:16], engine_digest(ids)[:12]
+    return (
+        cache.slug(f"calibration-{onnx}-{snippets}-{length_tokens}tok-{flavour.name}-{flavour.version}")
+        + ".bin"
+    )
+
+
 def build_engine(
     exported: ExportedDecoder,
     options: EngineOptions,
@@ -239,9 +254,8 @@ def build_engine(
 
             if not calibration_ids:
                 raise EngineOptionsError("int8 needs calibration snippets (calibration_ids)")
-            sample_sha = engine_digest(calibration_ids)[:12]
-            cache_path = caches_dir / f"calibration-{identity['onnx_sha256'][:16]}-{sample_sha}.bin"
             length = min(options.prefill_opt_tokens, CALIBRATION_TOKENS)
+            cache_path = caches_dir / calibration_cache_name(flavour, identity, calibration_ids, length)
             calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
         try:
             serialized = _build(
