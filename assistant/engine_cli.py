@@ -70,7 +70,13 @@ def add_engine_parsers(
 def _build_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine (override the [engine] settings)")
     g.add_argument("--flavour", dest="engine.flavour", choices=["auto", *FLAVOURS], default=SUPPRESS)
-    g.add_argument("--precision", dest="engine.precision", choices=PRECISIONS, default=SUPPRESS)
+    g.add_argument(
+        "--precision",
+        dest="engine.precision",
+        choices=PRECISIONS,
+        default=SUPPRESS,
+        help="fp16 (default), bf16 or fp32; int8 only with full TensorRT 10.x (calibrated)",
+    )
     g.add_argument(
         "--target",
         dest="engine.targets",
@@ -141,12 +147,12 @@ def _build(args: argparse.Namespace, settings: Settings) -> int:
     from engines.onnx_export import ExportOptions, export_decoder
     from engines.progress import ConsolePrinter
     from engines.tensorrt.builder import build_engine
-    from engines.tensorrt.flavour import export_dtype
+    from engines.tensorrt.flavour import export_dtype, load_flavour
 
     model_dir = resolve_llm_dir(settings.models)
     options = _engine_options(args, settings, model_dir)
-    flavour = _flavour(settings)
-    dtype, _ = export_dtype(flavour, options.precision)
+    flavour = load_flavour(_flavour(settings))
+    dtype, _ = export_dtype(flavour, options.precision)  # refuses before any export work
     exported = export_decoder(model_dir, ExportOptions(dtype=dtype))
     _say(
         f"onnx: {exported.path} "
@@ -162,7 +168,7 @@ def _build(args: argparse.Namespace, settings: Settings) -> int:
         exported,
         options,
         engine_cache_dir(settings.models),
-        flavour_name=flavour,
+        flavour_name=flavour.name,
         progress=ConsolePrinter(_say),
         force=args.force,
         calibration_ids=calibration,

@@ -8,8 +8,9 @@ The graph (names, shapes and the TensorRT notes in ``docs/engines.md``)::
     -> last_logits          fp32   [batch, vocab]     logits of the last input token
     -> present.N.key        cache  [batch, kv_heads, past_sequence + sequence, head_dim]  (and .value)
 
-``cache`` is the graph dtype (fp32 or fp16). One graph serves prefill (``sequence`` = prompt
-length) and decode (``sequence`` = 1); ``past_sequence`` may be 0.
+``cache`` is the graph dtype (fp32, fp16, or bf16: only TensorRT builds from that one). One
+graph serves prefill (``sequence`` = prompt length) and decode (``sequence`` = 1);
+``past_sequence`` may be 0.
 
 Why past -> present concatenation and not a fixed-capacity cache updated in place
 (ScatterND): ONNX has no in-place update, so a scattered cache is a new tensor each step.
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 OPSET = 17  # TensorRT 10.x parses opset 9 and up; TensorRT-RTX 1.7 accepted this export
 CONTRACT = "past-present-concat/1"  # bump when names, layouts or semantics of the graph change
-DTYPES = ("fp32", "fp16")
+DTYPES = ("fp32", "fp16", "bf16")  # bf16: for strongly typed TensorRT builds only
 INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 LAST_LOGITS = "last_logits"
@@ -86,7 +87,7 @@ class ExportError(RuntimeError):
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What to export: ``dtype`` ``fp32`` or ``fp16`` (weights, activations and the KV cache)."""
+    """What to export: ``dtype`` ``fp32``, ``fp16`` or ``bf16`` (weights, activations, KV cache)."""
 
     dtype: str = "fp32"
     opset: int = OPSET
@@ -325,7 +326,7 @@ def _export(model_dir: Path, options: ExportOptions, weights_sha: str, out: Path
     from engines.onnx_graph import OnnxDecoder
     from models.weights import load_decoder
 
-    dtype = {"fp32": torch.float32, "fp16": torch.float16}[options.dtype]
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[options.dtype]
     model = load_decoder(model_dir, dtype=dtype)
     config = model.config
     raw = out / "raw"

@@ -20,7 +20,6 @@ import onnxruntime as ort
 
 from engines.driver import DecoderDriver, Detokenizer
 from engines.onnx_export import (
-    DTYPES,
     INPUT_IDS,
     LAST_LOGITS,
     POSITION_IDS,
@@ -152,7 +151,7 @@ def load_onnxruntime_decoder(
         ExportError: The dtype is not exported, or the export fails or cannot be loaded.
         ModelNotFound: No model in ``model_dir``.
     """
-    if options.dtype not in DTYPES:
+    if options.dtype not in NUMPY_DTYPES:  # the export's bf16 is for TensorRT only
         raise ExportError(f"onnxruntime backend dtype {options.dtype!r} unsupported; use fp32 or fp16")
     config = DecoderConfig.from_dir(model_dir)
     exported = export_decoder(model_dir, ExportOptions(dtype=options.dtype), progress=progress)

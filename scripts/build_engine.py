@@ -5,7 +5,8 @@
     scripts/build_engine.py --flavour tensorrt --triton repo  # on the GPU, plus a Triton repo
     scripts/build_engine.py --profile-from turns.jsonl --require-verified
 
-1. export: the ONNX graph of the configured model (cached beside it).
+1. export: the ONNX graph of the configured model (cached beside it); for bf16 and int8 the
+   build step exports the graph its TensorRT version needs (or refuses first).
 2. build: the engine into the store's engine cache (a cache hit when nothing changed).
 3. verify: the accuracy gate against PyTorch fp32. Where the engine can run (a supported GPU)
    the engine itself is judged and its record marked; elsewhere the ONNX graph it was built
@@ -66,10 +67,10 @@ def main() -> int:
     ):
         if value:
             build_flags += [flag, value]
-    if cli(
-        "engine", "export", *common, "--dtype", "fp16" if args.precision in (None, "fp16") else "fp32"
-    ).returncode:
-        return 1
+    # bf16 and int8 graphs depend on the TensorRT version: the build exports (or refuses) itself.
+    if args.precision in (None, "fp16", "fp32"):
+        if cli("engine", "export", *common, "--dtype", args.precision or "fp16").returncode:
+            return 1
     extra = ["--profile-from", str(args.profile_from)] if args.profile_from else []
     built = cli("engine", "build", *build_flags, *extra)
     if built.returncode:

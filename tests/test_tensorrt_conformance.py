@@ -28,7 +28,7 @@ from tests import trt_standin
 
 RTX = load_flavour("tensorrt-rtx").trt  # a dev dependency: CI has it, so no skip
 ROOT = Path(__file__).resolve().parents[1] / "engines" / "tensorrt"
-SCANNED = ("runtime.py", "flavour.py", "builder.py", "progress.py")
+SCANNED = ("runtime.py", "flavour.py", "builder.py", "progress.py", "calibration.py")
 
 
 @dataclass(frozen=True)
@@ -102,16 +102,15 @@ ENUMS = {
     "NetworkDefinitionCreationFlag": ["STRONGLY_TYPED"],
     "ComputeCapability": list(RTX_TARGETS.values()),
 }
-# Called only on full TensorRT, behind ``flavour.is_rtx`` checks (timing cache, weak typing,
-# INT8 calibration); TensorRT-RTX need not have them.
-FULL_TENSORRT_ONLY = {
-    "BuilderFlag",
-    "set_flag",
-    "create_timing_cache",
-    "set_timing_cache",
-    "get_timing_cache",
-    "int8_calibrator",
-    "set_calibration_profile",
+# Called only on full TensorRT, behind ``flavour.is_rtx`` checks (the timing cache, which
+# TensorRT 11 keeps); TensorRT-RTX need not have them.
+FULL_TENSORRT_ONLY = {"create_timing_cache", "set_timing_cache", "get_timing_cache"}
+# Weak typing and INT8 calibration: TensorRT 10.x only (11 removed them), called only when
+# ``Flavour.weakly_typed`` / ``Flavour.int8_calibrator`` found them in the module.
+TENSORRT_10_ONLY = {
+    "BuilderFlag": ["FP16", "BF16", "INT8"],
+    "IInt8EntropyCalibrator2": [],
+    "IBuilderConfig": ["int8_calibrator", "set_calibration_profile"],
 }
 
 # Attribute names the scanned files use on Python, numpy, logging or our own objects that
@@ -119,6 +118,7 @@ FULL_TENSORRT_ONLY = {
 NOT_TENSORRT = {"append", "clear", "destroy", "dtype", "engine", "itemsize", "max", "min", "opt", "nbytes"}
 NOT_TENSORRT |= {"metadata", "num_layers", "update", "DEBUG"}
 NOT_TENSORRT |= {"read"}  # ExportRecord.read and file reads, not IStreamReader.read
+NOT_TENSORRT |= {"data"}  # numpy's array.ctypes.data (calibration.py)
 
 
 def resolve(path: str) -> Any:
@@ -228,6 +228,7 @@ def test_the_table_covers_every_tensorrt_name_the_code_uses():
     module_names, attributes = scanned_names()
     tabled = {m for _, m, _ in CALLS} | {c.split(".")[0] for c, _, _ in CALLS if c} | set(ENUMS)
     tabled |= {n.split(".")[0] for n in ENUMS} | FULL_TENSORRT_ONLY | {"__version__"}
+    tabled |= {"set_flag", *TENSORRT_10_ONLY, *(m for ms in TENSORRT_10_ONLY.values() for m in ms)}
     assert module_names - tabled == set(), "module names used but not checked"
     members = set()
     for name in dir(RTX):
@@ -237,6 +238,18 @@ def test_the_table_covers_every_tensorrt_name_the_code_uses():
     enum_members = {m for path in ENUMS for m in [*ENUMS[path], *path.split(".")]}
     unchecked = (attributes & members) - tabled - enum_members - NOT_TENSORRT
     assert unchecked == set(), "TensorRT-looking members used but not checked"
+
+
+def test_tensorrt_rtx_lacks_what_tensorrt_11_removed_and_the_flavour_sees_it():
+    """The weak-typing and calibrator names are absent here as in TensorRT 11, and read so.
+
+    This is what lets ``tests/test_tensorrt_versions.py`` present these bindings as 11.4.
+    """
+    for owner, members in TENSORRT_10_ONLY.items():
+        cls = getattr(RTX, owner, None)
+        assert cls is None if not members else not any(hasattr(cls, m) for m in members), owner
+    flavour = load_flavour("tensorrt-rtx")
+    assert not flavour.weakly_typed and not flavour.int8_calibrator
 
 
 STANDIN = {

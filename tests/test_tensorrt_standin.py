@@ -323,15 +323,32 @@ class IInt8EntropyCalibrator2:
         pass
 
 
+class BuilderFlag:
+    """Full TensorRT 10's precision flags (absent from TensorRT-RTX and TensorRT 11)."""
+
+    FP16, BF16, INT8 = 1, 2, 3
+
+
+class IBuilderConfig:
+    """Full TensorRT 10's calibration members of the builder config (gone in TensorRT 11)."""
+
+    int8_calibrator = None
+
+    def set_calibration_profile(self, profile):
+        pass
+
+
 def test_int8_build_frees_the_calibrators_gpu_buffers(tiny, gpu, tmp_path, monkeypatch):
     """Defect 9: the calibrator's device buffers are released after the build (or its failure)."""
     from engines.tensorrt import builder, calibration
 
     folder, _, path, _ = tiny
     cuda, trt = gpu()
+    # int8 is calibrated on TensorRT 10.x only: the stand-in gets 10.x's names and version.
     trt.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
+    trt.BuilderFlag, trt.IBuilderConfig = BuilderFlag, IBuilderConfig
     monkeypatch.setattr(calibration, "cudart", lambda: cuda)
-    monkeypatch.setattr(builder, "load_flavour", lambda name: Flavour("tensorrt", trt, "stand-in"))
+    monkeypatch.setattr(builder, "load_flavour", lambda name: Flavour("tensorrt", trt, "10.13.3.9"))
     batches = []
 
     def fake_build(*args):

@@ -69,7 +69,7 @@ def load_tensorrt_decoder(
         )
     if flavour.is_rtx and options.targets == "auto":
         options = replace(options, targets=f"sm{gpu.capability[0]}{gpu.capability[1]}")
-    dtype, _ = export_dtype(flavour.name, options.precision)
+    dtype, _ = export_dtype(flavour, options.precision)
     exported = export_decoder(model_dir, ExportOptions(dtype=dtype), progress=progress)
     calibration = None
     if options.precision == "int8":

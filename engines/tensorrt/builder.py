@@ -2,8 +2,8 @@
 
 ``build_engine`` parses the export (every parser error is reported with its node), sets the
 precision (strongly typed from the graph's dtype, or builder flags + INT8 calibration on full
-TensorRT), the workspace limit, the compute-capability targets (RTX) and two optimization
-profiles (prefill and decode, ``options.py``), reports TensorRT's progress as
+TensorRT 10.x: ``flavour.export_dtype``), the workspace limit, the compute-capability targets
+(RTX) and two optimization profiles (prefill and decode, ``options.py``), reports TensorRT's progress as
 :class:`~engines.progress.EngineProgress` events, reuses the timing cache (full
 TensorRT) and stores the engine with its record (``cache.py``). A cached engine whose record
 and bytes check out is returned without touching the builder.
@@ -135,7 +135,7 @@ def engine_identity(
     gpu: GpuInfo | None,
 ) -> dict[str, Any]:
     """Everything that shapes the engine; its hash is the cache key."""
-    _, strongly_typed = export_dtype(flavour.name, options.precision)
+    _, strongly_typed = export_dtype(flavour, options.precision)
     identity = {
         "flavour": flavour.name,
         "version": flavour.version,
@@ -168,6 +168,21 @@ def entry_folder(cache_dir: Path, model_id: str, identity: dict[str, Any]) -> Pa
         ]
     )
     return cache_dir / cache.slug(name)
+
+
+def calibration_cache_name(
+    flavour: Flavour, identity: dict[str, Any], ids: list[list[int]], length_tokens: int
+) -> str:
+    """``calibration-<onnx sha>-<snippets sha>-<length>tok-<flavour>-<version>.bin``.
+
+    Scales measured on chunks of another length, or by another TensorRT version, are other
+    scales: each gets its own file instead of being reused.
+    """
+    onnx, snippets = identity["onnx_sha256"][:16], engine_digest(ids)[:12]
+    return (
+        cache.slug(f"calibration-{onnx}-{snippets}-{length_tokens}tok-{flavour.name}-{flavour.version}")
+        + ".bin"
+    )
 
 
 def build_engine(
@@ -204,7 +219,7 @@ def build_engine(
     """
     options.validate()
     flavour = load_flavour(flavour_name)
-    dtype, strongly_typed = export_dtype(flavour.name, options.precision)
+    dtype, strongly_typed = export_dtype(flavour, options.precision)
     if exported.metadata.get("assistant.dtype") != dtype:
         raise EngineOptionsError(
             f"{options.precision} engines are built from the {dtype} export, not "
@@ -239,9 +254,8 @@ def build_engine(
 
             if not calibration_ids:
                 raise EngineOptionsError("int8 needs calibration snippets (calibration_ids)")
-            sample_sha = engine_digest(calibration_ids)[:12]
-            cache_path = caches_dir / f"calibration-{identity['onnx_sha256'][:16]}-{sample_sha}.bin"
             length = min(options.prefill_opt_tokens, CALIBRATION_TOKENS)
+            cache_path = caches_dir / calibration_cache_name(flavour, identity, calibration_ids, length)
             calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
         try:
             serialized = _build(

@@ -7,7 +7,8 @@ Layout under the cache folder (``<store>/engines`` in the app)::
                                                                   size + sha256; written last
     _caches/timing-<flavour>-<version>-<gpu>.bin                  TensorRT timing cache
     _caches/runtime-<flavour>-<version>-<gpu>.bin                 TensorRT-RTX runtime cache
-    _caches/calibration-<onnx sha>-<snippets sha>.bin             INT8 calibration scales
+    _caches/calibration-<onnx sha>-<snippets sha>-<length>tok-<flavour>-<version>.bin
+                                                                  INT8 calibration scales
 
 ``key`` hashes the ONNX files (their sha256), the build options, the flavour and its version,
 the targets and the builder code. An entry is reused only when its record says exactly that

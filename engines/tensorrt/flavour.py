@@ -4,9 +4,12 @@
   capabilities 8.0, 8.6, 8.9, 12.0, 12.1 (it refuses 9.0, the H100/H200).
 - Where engines are built: TensorRT on the target GPU (autotuning runs there); TensorRT-RTX
   ahead of time without a GPU, for the compute capabilities named at build time.
-- Precision: TensorRT takes builder flags on an fp32 graph (FP16, BF16, INT8 with a
-  calibrator) or a strongly typed graph; TensorRT-RTX is strongly typed only (the ONNX dtypes
-  decide), with weight-only INT8/INT4 from a graph whose weights are already quantized.
+- Precision: TensorRT 10.x takes builder flags on an fp32 graph (BF16, INT8 with a
+  calibrator) or a strongly typed graph. TensorRT 11 removed the flags and the calibrator
+  (``BuilderFlag.FP16/BF16/INT8``, ``IInt8EntropyCalibrator2``, ``int8_calibrator``,
+  ``set_calibration_profile``): like TensorRT-RTX it is strongly typed only (the ONNX dtypes
+  decide), with INT8 only from a graph whose weights are already quantized (Q/DQ), which the
+  export does not write. :func:`export_dtype` decides from the imported module itself.
 - Tuning results: TensorRT's timing cache (``ITimingCache``) at build time; TensorRT-RTX's
   runtime cache of JIT-compiled kernels (``IRuntimeCache``) at run time.
 - CUDA graphs: captured by our runtime per shape on TensorRT; built into TensorRT-RTX
@@ -69,6 +72,40 @@ class Flavour:
         """Whether engines can be built on a machine without a GPU."""
         return self.is_rtx
 
+    @property
+    def label(self) -> str:
+        """``TensorRT 11.4`` or ``TensorRT-RTX 1.7``: the name and version users install by."""
+        name = "TensorRT-RTX" if self.is_rtx else "TensorRT"
+        return f"{name} {'.'.join(self.version.split('.')[:2])}"
+
+    @property
+    def weakly_typed(self) -> bool:
+        """Whether the builder takes precision flags (``BuilderFlag.FP16/BF16/INT8``).
+
+        Full TensorRT 10.x only: TensorRT 11 removed them and TensorRT-RTX never had them.
+        Decided from the module: its major version and the flags being there.
+        """
+        if self.is_rtx or _major(self.version) >= 11:
+            return False
+        flags = getattr(self.trt, "BuilderFlag", None)
+        return all(hasattr(flags, name) for name in ("FP16", "BF16", "INT8"))
+
+    @property
+    def int8_calibrator(self) -> bool:
+        """Whether the builder calibrates INT8 itself (``IInt8EntropyCalibrator2``; TensorRT 10.x)."""
+        config = getattr(self.trt, "IBuilderConfig", None)
+        return (
+            self.weakly_typed
+            and hasattr(self.trt, "IInt8EntropyCalibrator2")
+            and all(hasattr(config, name) for name in ("int8_calibrator", "set_calibration_profile"))
+        )
+
+
+def _major(version: str) -> int:
+    """``11`` for ``11.4.0.106``; 0 when the version does not start with a number."""
+    head = version.split(".")[0]
+    return int(head) if head.isdigit() else 0
+
 
 def load_flavour(name: str) -> Flavour:
     """Import ``tensorrt`` or TensorRT-RTX.
@@ -101,29 +138,45 @@ def resolve_flavour_name(requested: str) -> str:
     return "tensorrt"
 
 
-def export_dtype(flavour_name: str, precision: str) -> tuple[str, bool]:
+def export_dtype(flavour: Flavour, precision: str) -> tuple[str, bool]:
     """The ONNX export dtype a precision is built from, and whether the network is strongly typed.
 
-    fp16/fp32 come from the graph of that dtype, strongly typed (both flavours). Full TensorRT
-    builds bf16 and int8 from the fp32 graph with builder flags (weakly typed; int8 adds
-    post-training calibration). TensorRT-RTX is strongly typed only.
+    fp32, fp16 and bf16 come from the graph of that dtype, strongly typed, except that full
+    TensorRT 10.x keeps building bf16 from the fp32 graph with its BF16 flag (weakly typed). INT8
+    needs TensorRT 10.x's calibrator (fp32 graph, INT8 + FP16 flags, post-training calibration).
+    Call it before exporting anything: a refusal costs no work.
 
     Raises:
-        UnsupportedPrecision: TensorRT-RTX asked for bf16 or int8, naming what to do instead.
+        UnsupportedPrecision: INT8 on TensorRT 11 or TensorRT-RTX, naming what to do instead.
     """
-    if precision in ("fp16", "fp32"):
+    return precision_plan(flavour.label, flavour.weakly_typed, flavour.int8_calibrator, precision)
+
+
+def precision_plan(label: str, weakly_typed: bool, int8_calibrator: bool, precision: str) -> tuple[str, bool]:
+    """:func:`export_dtype` from the facts about the builder (pure, so every case is testable).
+
+    Args:
+        label: ``TensorRT 11.4`` / ``TensorRT-RTX 1.7`` (:attr:`Flavour.label`), for the message.
+        weakly_typed: The builder takes precision flags (:attr:`Flavour.weakly_typed`).
+        int8_calibrator: The builder calibrates INT8 (:attr:`Flavour.int8_calibrator`).
+        precision: ``fp32``, ``fp16``, ``bf16`` or ``int8``.
+
+    Raises:
+        UnsupportedPrecision: INT8 without a calibrator, naming what to do instead.
+    """
+    if precision in ("fp16", "fp32") or (precision == "bf16" and not weakly_typed):
         return precision, True
-    if flavour_name == "tensorrt":
+    if precision == "bf16" or int8_calibrator:
         return "fp32", False
-    if precision == "bf16":
-        raise UnsupportedPrecision(
-            "TensorRT-RTX is strongly typed, so BF16 needs a bf16 ONNX graph, and 'assistant engine "
-            "export' writes fp32 and fp16 only; build --precision fp16 (same speed class on RTX GPUs)"
-        )
+    quantized = (
+        "weight-only INT8/INT4 from a graph whose weights are already quantized (Q/DQ or MatMulNBits)"
+        if label.startswith("TensorRT-RTX")
+        else "INT8 from a quantized (Q/DQ) ONNX graph"
+    )
     raise UnsupportedPrecision(
-        "TensorRT-RTX has no INT8 calibrator: it builds weight-only INT8/INT4 from a graph whose "
-        "weights are already quantized (Q/DQ or MatMulNBits), which the export does not produce yet; "
-        "build --precision fp16, or use full TensorRT (--flavour tensorrt) for calibrated INT8"
+        f"{label} has no INT8 calibrator: it builds {quantized}, which 'assistant engine export' "
+        "does not write yet; build --precision fp16 (or bf16), or use full TensorRT 10.x "
+        "(--flavour tensorrt, pip install 'tensorrt>=10.4,<11') for calibrated INT8"
     )
 
 
@@ -135,9 +188,15 @@ def network_flags(flavour: Flavour, strongly_typed: bool) -> int:
 
 
 def set_precision_flags(flavour: Flavour, config: Any, precision: str, strongly_typed: bool) -> None:
-    """Builder flags of a weakly typed build (full TensorRT only; int8 keeps fp16 fallbacks)."""
+    """Builder flags of a weakly typed build (TensorRT 10.x only; int8 keeps fp16 fallbacks).
+
+    Raises:
+        UnsupportedPrecision: A weakly typed build on a TensorRT without the flags (11.x, RTX).
+    """
     if strongly_typed:
         return
+    if not flavour.weakly_typed:  # export_dtype never plans this; a clear error all the same
+        raise UnsupportedPrecision(f"{flavour.label} has no precision flags; build strongly typed")
     flag = flavour.trt.BuilderFlag
     names = {"fp32": [], "fp16": ["FP16"], "bf16": ["BF16"], "int8": ["INT8", "FP16"]}[precision]
     for name in names:
