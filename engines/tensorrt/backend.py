@@ -43,14 +43,16 @@ def load_tensorrt_decoder(
 ) -> DecoderDriver:
     """The model in ``model_dir`` as a TensorRT engine on this machine's GPU.
 
-    Exports ONNX and builds the engine when the caches lack them; an engine the GPU refuses
-    (other version, damaged) is rebuilt once. Warm-up runs the profile's typical shapes and
-    its time is reported (``step.warmup_ms``) and kept out of any turn's statistics.
-    Setting ``cancel`` stops an engine build at TensorRT's next step (``EngineBuildError``).
+    Exports ONNX and builds the engine when the caches lack them. A cached engine TensorRT
+    refuses is rebuilt once, and only when a rebuild can help (another TensorRT version wrote
+    it, or it is damaged or foreign; not for a GPU, driver or memory the engine cannot use).
+    Warm-up runs the profile's typical shapes and its time is reported (``step.warmup_ms``)
+    and kept out of any turn's statistics. Setting ``cancel`` stops an engine build at
+    TensorRT's next step (``EngineBuildError``).
 
     Raises:
         TensorRTUnavailable: No TensorRT of that flavour, no GPU, or a GPU it does not support.
-        EngineIncompatible: The engine still does not run after a rebuild.
+        EngineIncompatible: The engine does not run here, and a rebuild cannot help or did not.
     """
     flavour = load_flavour(resolve_flavour_name(options.flavour))
     gpu = gpu_info()
@@ -99,7 +101,13 @@ def load_tensorrt_decoder(
         )  # fmt: skip
     except EngineIncompatible as e:
         if not built.cache_hit:
-            raise
+            raise  # just built, and still refused: building again would loop
+        if not e.rebuild_helps:
+            raise EngineIncompatible(
+                f"{e}; building the engine again cannot fix this (it is this machine's GPU, driver "
+                "or memory), so the cached engine is kept",
+                rebuild_helps=False,
+            ) from e
         logger.warning("cached engine %s does not run here (%s); building it again", built.path, e)
         emit(progress, "rebuild", f"cached engine does not run here ({e}); building again")
         built = build(True)
