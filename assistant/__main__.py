@@ -50,7 +50,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="LLM: store name, local Hugging Face folder, or hf:org/name[@revision] (downloaded once "
         "into the store, online, pinned to a commit)",
     )
-    g.add_argument("--backend", dest="decoder.backend", choices=BACKENDS, help="decoder backend")
+    g.add_argument(
+        "--backend",
+        dest="decoder.backend",
+        choices=BACKENDS,
+        help="decoder backend (default auto: TensorRT on a GPU it supports, its engine built once and "
+        "checked by the accuracy gate, else the next backend, saying why)",
+    )
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
     g.add_argument(
@@ -315,7 +321,13 @@ def _chat(settings: Settings) -> int:
     from assistant.dialogue import Dialogue
     from assistant.llm import load_llm
 
-    decoder, tokenizer = load_llm(settings.models, settings.decoder, settings.engine)
+    decoder, tokenizer = load_llm(
+        settings.models,
+        settings.decoder,
+        settings.engine,
+        gate=settings.gate,
+        notice=lambda line: print(f"notice: {line}", file=sys.stderr),
+    )
     options = settings.generation.options()
     try:
         return run_chat(Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, options))
@@ -461,8 +473,10 @@ def _main(argv: list[str]) -> int:
         if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
             from assistant.llm import resolve_auto_backend
 
-            settings.decoder, reason = resolve_auto_backend(settings.decoder)
-            print(f"backend auto: {settings.decoder.backend} ({reason})", file=sys.stderr)
+            # Said before the models load; the setting stays "auto", so the load can fall back
+            # from TensorRT when its engine fails (and say why).
+            chosen, reason = resolve_auto_backend(settings.decoder)
+            print(f"backend auto: {chosen.backend} ({reason})", file=sys.stderr)
         if args.command == "models":
             return _models(args, settings)
         if args.command == "engine":

@@ -27,6 +27,7 @@ from assistant.vad import VadOptions
 from engines.base import GenerationOptions
 from engines.bounds import bounds, out_of_bounds
 from engines.tensorrt.options import EngineOptions
+from engines.verify import GateOptions
 from models.store import DEFAULT_LLM
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -144,6 +145,7 @@ class Settings:
     splitter: SplitterOptions = field(default_factory=SplitterOptions)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    gate: GateOptions = field(default_factory=GateOptions)
 
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}

@@ -46,7 +46,9 @@ def add_engine_parsers(
         "--percentile", type=float, default=99.0, help="percentile for the maxima (default 99)"
     )
     common(profile)
-    listing = engine_sub.add_parser("list", help="cached engines with sizes and what each was built for")
+    listing = engine_sub.add_parser(
+        "list", help="cached engines with sizes, what each was built for and its accuracy gate result"
+    )
     common(listing)
     clear = engine_sub.add_parser(
         "clear",
@@ -56,7 +58,9 @@ def add_engine_parsers(
     clear.add_argument("--broken", action="store_true", help="only entries that failed their check")
     clear.add_argument("--caches", action="store_true", help="also the timing/runtime/calibration caches")
     common(clear)
-    verify = engine_sub.add_parser("verify", help="accuracy gate: the engine against PyTorch fp32")
+    verify = engine_sub.add_parser(
+        "verify", help="accuracy gate: the engine against PyTorch fp32 (the [gate] thresholds)"
+    )
     _build_flags(verify)
     verify.add_argument("--max-new-tokens-per-reply", dest="verify_tokens", type=int, default=32, metavar="N")
     verify.add_argument(
@@ -251,7 +255,7 @@ def _sweep_exports(settings: Settings) -> list[tuple[Path, int]]:
 
 def _verify(args: argparse.Namespace, settings: Settings) -> int:
     from assistant.llm import load_tokenizer
-    from engines.tensorrt.cache import update_record
+    from engines.tensorrt.gate import record_verdict
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
     from engines.verify import verify_decoder
 
@@ -280,6 +284,7 @@ def _verify(args: argparse.Namespace, settings: Settings) -> int:
             reference,
             tokenizer,
             max_new_tokens=args.verify_tokens,
+            thresholds=settings.gate.thresholds(),
             system_prompt=settings.dialogue.system_prompt,
         )
     finally:
@@ -294,8 +299,8 @@ def _verify(args: argparse.Namespace, settings: Settings) -> int:
         f"logits rel. error max {report.max_logits_rel_err:.2e} mean {report.mean_logits_rel_err:.2e}, "
         f"ROUGE-L {report.rouge_l:.3f}"
     )
-    if engine_path is not None:
-        update_record(Path(engine_path).parent, verified=report.to_record())
+    if engine_path is not None:  # the start-up gate of `--backend auto` then trusts this verdict
+        record_verdict(Path(engine_path).parent, report, "engine verify")
     if not report.passed:
         print(f"REJECTED: {'; '.join(report.failures)}")
         return 1

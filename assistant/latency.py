@@ -70,6 +70,7 @@ class TurnRecord:
     transcript: str = ""
     reply: str = ""
     backend: str = ""
+    backend_fallback: str = ""  # why --backend auto runs ``backend`` and not the TensorRT it picked
     llm_model: str = ""
     asr_model: str = ""
     cancelled: str = ""
@@ -126,10 +127,18 @@ ATTEMPT_EVENTS = (
 
 
 def build_record(
-    turn_id: int, events: Iterable[Event], *, backend: str = "", llm_model: str = "", asr_model: str = ""
+    turn_id: int,
+    events: Iterable[Event],
+    *,
+    backend: str = "",
+    llm_model: str = "",
+    asr_model: str = "",
+    backend_fallback: str = "",
 ) -> TurnRecord:
     """Fold one turn's events into its record (pure: no clock, no I/O)."""
-    rec = TurnRecord(turn_id, backend=backend, llm_model=llm_model, asr_model=asr_model)
+    rec = TurnRecord(
+        turn_id, backend=backend, backend_fallback=backend_fallback, llm_model=llm_model, asr_model=asr_model
+    )
     ts = rec.timestamps_ns
     tokens: list[TokenGenerated] = []
     mine = [e for e in events if e.turn_id == turn_id]

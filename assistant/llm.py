@@ -7,8 +7,9 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assistant.config import DecoderSettings, ModelSettings
 from assistant.hub import PREFIX as HUB_PREFIX
@@ -16,9 +17,13 @@ from assistant.hub import hub_model_dir, parse_hub_name
 from engines.driver import DecoderDriver
 from engines.progress import ProgressCallback
 from engines.tensorrt.options import EngineOptions
+from engines.verify import GateOptions
 from models.config import DecoderConfig
 from models.store import BUNDLED, ModelStore, repair_hint
 from models.weights import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir
+
+if TYPE_CHECKING:
+    from engines.selection import Probe
 
 logger = logging.getLogger(__name__)
 
@@ -131,66 +136,124 @@ def load_llm(
     decoder: DecoderSettings,
     engine: EngineOptions | None = None,
     *,
+    gate: GateOptions | None = None,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> tuple[DecoderDriver, Any]:
     """Build the configured decoder backend and its tokenizer.
+
+    ``backend = "auto"`` prefers TensorRT (:func:`resolve_auto_backend`): the engine is built
+    or reused, warmed up and checked by the accuracy gate before its first use. When any of
+    that fails, the failure is logged and said once through ``notice``, kept in the decoder's
+    ``fallback``, and the next backend loads (PyTorch, with CUDA graphs on a GPU). An explicit
+    TensorRT backend raises instead.
 
     Args:
         models: Which model, and the store.
         decoder: Backend, device, precision, context.
         engine: TensorRT build options.
-        progress: Hears of ONNX exports, engine cache hits and build phases (any thread).
+        gate: The accuracy gate of an engine ``auto`` picked (``[gate]`` settings).
+        progress: Hears of ONNX exports, engine cache hits, build phases and the gate (any thread).
         cancel: Set it to stop a TensorRT engine build at its next step.
+        notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
     """
     model_dir = resolve_llm_dir(models)
     DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
     tokenizer = load_tokenizer(model_dir)
     if decoder.backend not in BACKENDS:
         raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
-    if decoder.backend == "auto":
-        decoder, reason = resolve_auto_backend(decoder)
-        logger.info("backend auto: %s (%s)", decoder.backend, reason)
-    if decoder.backend == "onnxruntime":
-        return _load_onnxruntime(model_dir, tokenizer, decoder, progress), tokenizer
-    if decoder.backend in ("tensorrt", "tensorrt-rtx"):
-        trt = engine or EngineOptions()
-        return _load_tensorrt(model_dir, tokenizer, models, decoder, trt, progress, cancel), tokenizer
-    from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+    load = _Loader(model_dir, tokenizer, models, engine or EngineOptions(), progress, cancel)
+    if decoder.backend != "auto":
+        return load(decoder), tokenizer
+    from engines.selection import probe
 
-    options = TorchBackendOptions(
-        device=decoder.device,
-        dtype=decoder.dtype,
-        capacity_tokens=decoder.context_tokens,
-        threads=decoder.threads,
-        cuda_graph=decoder.cuda_graph,
-        compile=decoder.compile,
-        compile_cache_dir=compile_cache_dir(models, model_dir),
-    )
-    return load_torch_decoder(model_dir, tokenizer, options), tokenizer
+    found = probe()
+    chosen, reason = resolve_auto_backend(decoder, found)
+    logger.info("backend auto: %s (%s)", chosen.backend, reason)
+    if chosen.backend not in ("tensorrt", "tensorrt-rtx"):
+        return load(chosen), tokenizer
+    from engines.tensorrt.backend import FALLBACK_ERRORS
+
+    gate = gate or GateOptions()
+    try:
+        return load(chosen, gate if gate.startup else None), tokenizer
+    except FALLBACK_ERRORS as e:
+        if cancel is not None and cancel.is_set():
+            raise  # the user stopped the build: no fallback
+        fallback, fallback_reason = resolve_auto_backend(decoder, found, without_tensorrt=True)
+        why = f"{chosen.backend} not used: {_failure(e)}. Decoding with {fallback.backend} instead"
+        why += f" ({fallback_reason})"
+    if notice is not None:
+        logger.info("backend auto: %s", why)
+        notice(why)
+    else:
+        logger.warning("backend auto: %s", why)
+    driver = load(fallback)
+    driver.fallback = why
+    return driver, tokenizer
 
 
-def _load_tensorrt(
-    model_dir: Path,
-    tokenizer: Any,
-    models: ModelSettings,
-    decoder: DecoderSettings,
-    engine: EngineOptions,
-    progress: ProgressCallback | None,
-    cancel: threading.Event | None,
-) -> DecoderDriver:
-    from engines.tensorrt.backend import load_tensorrt_decoder
+def _failure(error: Exception) -> str:
+    """What failed, in words: ``engine build failed (<the error>)``; a gate failure says it itself."""
+    if type(error).__name__ == "GateFailed":
+        return str(error)
+    kinds = {
+        "TensorRTUnavailable": "TensorRT unavailable",
+        "EngineIncompatible": "engine does not run here",
+        "EngineBuildError": "engine build failed",
+        "OnnxParseError": "ONNX parser refused the export",
+        "ExportError": "ONNX export failed",
+        "EngineRuntimeError": "engine failed while running",
+        "CudaError": "CUDA error",
+    }
+    return f"{kinds.get(type(error).__name__, type(error).__name__)} ({error})"
 
-    options = dataclasses.replace(engine, flavour=decoder.backend)
-    return load_tensorrt_decoder(
-        model_dir,
-        tokenizer,
-        options,
-        engine_cache_dir(models),
-        capacity_tokens=decoder.context_tokens,
-        progress=progress,
-        cancel=cancel,
-    )
+
+class _Loader:
+    """Loads one concrete backend (not ``auto``) for :func:`load_llm`."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        tokenizer: Any,
+        models: ModelSettings,
+        engine: EngineOptions,
+        progress: ProgressCallback | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.model_dir, self.tokenizer, self.models, self.engine = model_dir, tokenizer, models, engine
+        self.progress, self.cancel = progress, cancel
+
+    def __call__(self, decoder: DecoderSettings, gate: GateOptions | None = None) -> DecoderDriver:
+        model_dir, tokenizer = self.model_dir, self.tokenizer
+        if decoder.backend == "onnxruntime":
+            return _load_onnxruntime(model_dir, tokenizer, decoder, self.progress)
+        if decoder.backend in ("tensorrt", "tensorrt-rtx"):
+            from engines.tensorrt.backend import load_tensorrt_decoder
+
+            return load_tensorrt_decoder(
+                model_dir,
+                tokenizer,
+                dataclasses.replace(self.engine, flavour=decoder.backend),
+                engine_cache_dir(self.models),
+                capacity_tokens=decoder.context_tokens,
+                progress=self.progress,
+                cancel=self.cancel,
+                gate=gate,
+            )
+        from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+
+        options = TorchBackendOptions(
+            device=decoder.device,
+            dtype=decoder.dtype,
+            capacity_tokens=decoder.context_tokens,
+            threads=decoder.threads,
+            cuda_graph=decoder.cuda_graph,
+            compile=decoder.compile,
+            compile_cache_dir=compile_cache_dir(self.models, model_dir),
+        )
+        return load_torch_decoder(model_dir, tokenizer, options)
 
 
 def _load_onnxruntime(
@@ -206,11 +269,19 @@ def _load_onnxruntime(
     return load_onnxruntime_decoder(model_dir, tokenizer, options, progress)
 
 
-def resolve_auto_backend(decoder: DecoderSettings) -> tuple[DecoderSettings, str]:
-    """``backend = "auto"`` made concrete for this machine, and the reason in words."""
+def resolve_auto_backend(
+    decoder: DecoderSettings, found: Probe | None = None, *, without_tensorrt: bool = False
+) -> tuple[DecoderSettings, str]:
+    """``backend = "auto"`` made concrete for this machine, and the reason in words.
+
+    Args:
+        decoder: The settings with ``backend = "auto"``.
+        found: What this machine offers (probed now when ``None``).
+        without_tensorrt: The choice after TensorRT failed here (:func:`load_llm`'s fallback).
+    """
     from engines.selection import choose_backend, probe
 
-    choice = choose_backend(probe())
+    choice = choose_backend(found or probe(), without_tensorrt=without_tensorrt)
     if choice.backend == "onnxruntime" and decoder.dtype not in ("auto", "fp32", "fp16"):
         # The ONNX export is fp32 or fp16 only; PyTorch runs the asked-for dtype.
         why = f"{choice.reason}; but --dtype {decoder.dtype} is not exported to ONNX: PyTorch on the CPU"

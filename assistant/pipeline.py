@@ -457,6 +457,7 @@ class VoicePipeline:
             turn,
             self._snapshot(),
             backend=self.dialogue.decoder.name,
+            backend_fallback=getattr(self.dialogue.decoder, "fallback", ""),
             llm_model=self.llm_model,
             asr_model=self.transcriber.description,
         )

@@ -205,8 +205,10 @@ def build_session(
             settings.models,
             settings.decoder,
             settings.engine,
+            gate=settings.gate,
             progress=EngineSteps(step),
             cancel=cancel,
+            notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
         )
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()

@@ -117,6 +117,9 @@ class DecoderDriver:
         self.step = step
         # What start-up reused or had to make (``engine cache hit``, ``ONNX exported in 14 s``).
         self.cache_status = cache_status
+        # Why ``--backend auto`` runs this backend and not the TensorRT it picked ('' when it did not
+        # fall back); turn records carry it.
+        self.fallback = ""
         self.tokenizer = tokenizer
         # The tokenizer's own end token counts too (chat models often end turns with it).
         tokenizer_eos = getattr(tokenizer, "eos_token_id", None)

@@ -3,7 +3,10 @@
 Order: full TensorRT when importable and the GPU is one it supports (compute capability 7.5+),
 else TensorRT-RTX on the RTX GPUs it runs on (8.0, 8.6, 8.9, 12.0, 12.1), else PyTorch on
 CUDA. Without a CUDA GPU: ONNX Runtime on the CPU (it decoded ~2.2x faster than our PyTorch
-backend on the 2-core CI machine, docs/benchmarks.md), else PyTorch on the CPU.
+backend on the 2-core CI machine, docs/benchmarks.md), else PyTorch on the CPU. When the
+TensorRT picked fails at start (build, load, warm-up, accuracy gate), ``assistant.llm.load_llm``
+takes ``choose_backend(..., without_tensorrt=True)``: PyTorch on the GPU (with CUDA graphs), or
+on the CPU when PyTorch has no CUDA.
 """
 
 from __future__ import annotations
@@ -67,23 +70,28 @@ def probe() -> Probe:
     return Probe(versions["tensorrt"], versions["tensorrt-rtx"], gpu, torch_cuda, ort, problem)
 
 
-def choose_backend(found: Probe) -> Choice:
-    """The backend for ``found`` (pure)."""
+def choose_backend(found: Probe, *, without_tensorrt: bool = False) -> Choice:
+    """The backend for ``found`` (pure).
+
+    ``without_tensorrt``: the next choice after TensorRT failed here (``--backend auto``'s
+    fallback); the reason then says TensorRT was not usable rather than not installed.
+    """
     gpu = found.gpu
     if gpu is not None:
         cc = f"{gpu.capability[0]}.{gpu.capability[1]}"
         where = f"{gpu.name} (compute capability {cc})"
-        if found.tensorrt and gpu.capability >= TENSORRT_MIN_CAPABILITY:
+        if not without_tensorrt and found.tensorrt and gpu.capability >= TENSORRT_MIN_CAPABILITY:
             return Choice("tensorrt", "cuda", f"TensorRT {found.tensorrt} supports {where}")
-        if found.tensorrt_rtx and rtx_supports(gpu.capability):
+        if not without_tensorrt and found.tensorrt_rtx and rtx_supports(gpu.capability):
             return Choice("tensorrt-rtx", "cuda", f"TensorRT-RTX {found.tensorrt_rtx} supports {where}")
-        missing = (
-            "no TensorRT installed"
-            if not (found.tensorrt or found.tensorrt_rtx)
-            else (f"the installed TensorRT does not support {where}")
-        )
+        if without_tensorrt:
+            missing = "without TensorRT"
+        elif not (found.tensorrt or found.tensorrt_rtx):
+            missing = "no TensorRT installed"
+        else:
+            missing = f"the installed TensorRT does not support {where}"
         if found.torch_cuda:
-            return Choice("pytorch", "cuda", f"{missing}: PyTorch on {gpu.name}")
+            return Choice("pytorch", "cuda", f"{missing}: PyTorch with CUDA graphs on {gpu.name}")
         return Choice("pytorch", "cpu", f"{missing} and PyTorch has no CUDA: PyTorch on the CPU")
     # A driver that cuda-python cannot use is named, with the fix, not reported as "no GPU".
     problem = f" ({found.gpu_problem})" if found.gpu_problem else ""

@@ -16,12 +16,13 @@ engine where one runs, and only then marks the engine as verified.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from engines.bounds import bounds, check_bounds
 from engines.driver import DecoderDriver
 
 DIALOGUE = (
@@ -42,6 +43,37 @@ class Thresholds:
     min_token_agreement: float = 0.90
     max_logits_rel_err: float = 0.10
     min_rouge_l: float = 0.80
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """The accuracy gate a TensorRT engine passes before its first use (the ``[gate]`` settings).
+
+    Attributes:
+        startup: Check an engine ``--backend auto`` picked at its first start, before the first
+            turn (the verdict is kept in the engine's record, so later starts skip it). An
+            explicit ``--backend tensorrt``/``tensorrt-rtx`` runs no start-up gate.
+        prompts: How many of the fixed dialogues (:data:`DIALOGUE`) the start-up gate runs
+            (``assistant engine verify`` runs all of them).
+        max_new_tokens: Reply length per dialogue at start-up (``engine verify``: 32).
+        min_token_agreement: Share of teacher-forced steps whose top-1 token must match.
+        max_logits_rel_err: Largest relative L2 error of the logits allowed at any step.
+        min_rouge_l: Mean ROUGE-L of the candidate's own replies against the reference's.
+    """
+
+    startup: bool = True
+    prompts: int = field(default=3, metadata=bounds(min=1, max=len(DIALOGUE)))
+    max_new_tokens: int = field(default=16, metadata=bounds(min=1, max=256))
+    min_token_agreement: float = field(default=0.90, metadata=bounds(min=0.0, max=1.0))
+    max_logits_rel_err: float = field(default=0.10, metadata=bounds(above=0.0))
+    min_rouge_l: float = field(default=0.80, metadata=bounds(min=0.0, max=1.0))
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+    def thresholds(self) -> Thresholds:
+        """The thresholds these settings set."""
+        return Thresholds(self.min_token_agreement, self.max_logits_rel_err, self.min_rouge_l)
 
 
 @dataclass(frozen=True)
@@ -132,15 +164,19 @@ def verify_decoder(
     max_new_tokens: int = 32,
     thresholds: Thresholds | None = None,
     system_prompt: str = SYSTEM_PROMPT,
+    on_prompt: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     """Compare ``candidate`` with ``reference`` on ``prompts`` and judge it against ``thresholds``.
 
     Each prompt is one user turn after ``system_prompt`` (pass the product's own), greedy.
+    ``on_prompt(done, total)`` hears of each prompt before it runs (``done`` from 1).
     """
     thresholds = thresholds or Thresholds()
     results, errors = [], []
     agree_total = steps_total = 0
-    for prompt in prompts:
+    for done, prompt in enumerate(prompts, 1):
+        if on_prompt is not None:
+            on_prompt(done, len(prompts))
         messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = list(tokenizer.encode(text, add_special_tokens=False))

@@ -226,7 +226,8 @@ def test_cli_build_hit_list_and_clear(smollm2_engine, onnx_model_dir):
     assert out.returncode == 0, out.stderr
     assert built.path.parent.name in out.stdout
     assert f"{built.size_bytes / 1e6:8.1f} MB" in out.stdout
-    assert "tensorrt-rtx 1.7.1.116 sm89 fp16, prefill 1/128/512, context 2048, not verified" in out.stdout
+    described = "tensorrt-rtx 1.7.1.116 sm89 fp16, prefill 1/128/512, context 2048, accuracy gate not checked"
+    assert described in out.stdout
     out = run_cli("engine", "build", "--store", store, "--target", "sm89", "--precision", "int8")
     assert out.returncode == 2 and "no INT8 calibrator" in out.stderr and "Traceback" not in out.stderr
     damage_engine(built.path.parent, "truncated")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from engines.tensorrt.flavour import RTX_TARGETS, load_flavour
+from engines.tensorrt.flavour import REBUILD_FIXES, RTX_TARGETS, load_flavour
 from tests import trt_standin
 
 RTX = load_flavour("tensorrt-rtx").trt  # a dev dependency: CI has it, so no skip
@@ -200,9 +200,11 @@ def test_enum_members_exist(name):
 
 
 def test_flavour_diagnostics_names_are_those_of_tensorrt_rtx():
-    """The stand-in's invalidity reasons are real ones (``validity_problem`` prints their names)."""
-    real = set(RTX.EngineInvalidityDiagnostics.__members__)
-    assert set(trt_standin.EngineInvalidityDiagnostics.__members__) <= real
+    """The stand-in's invalidity reasons are the real ones with their bit values
+    (``validity_problem`` prints their names), and the reasons a rebuild fixes exist."""
+    real = {name: int(m) for name, m in RTX.EngineInvalidityDiagnostics.__members__.items()}
+    assert {name: int(m) for name, m in trt_standin.EngineInvalidityDiagnostics.__members__.items()} == real
+    assert REBUILD_FIXES <= set(real)
 
 
 def scanned_names() -> tuple[set[str], set[str]]:

@@ -85,7 +85,7 @@ def test_verdict_is_stored_with_the_engine(tmp_path):
     cache.update_record(folder, verified={"passed": False, "failures": ["ROUGE-L 0.1 < 0.8"]})
     entry = cache.list_entries(tmp_path)[0]
     assert entry.problem is None and entry.record["verified"]["passed"] is False
-    assert "not verified" in entry.describe()
+    assert entry.describe().endswith("accuracy gate FAILED: ROUGE-L 0.1 < 0.8")
 
 
 def test_cli_verify_onnx_stand_in_passes_and_engine_verify_needs_a_gpu(smollm2_export, onnx_model_dir):

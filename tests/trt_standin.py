@@ -29,6 +29,9 @@ It is strict where real hardware is silently wrong:
 - ``fail_capture="execute"`` makes ``execute_async_v3`` return False while the stream is
   capturing; ``fail_capture="invalidate"`` makes ``cudaStreamEndCapture`` report an
   invalidated capture; ``fail_calls`` makes named context calls return False.
+- ``invalidity`` makes ``get_engine_validity`` refuse every engine with those diagnostics (what
+  TensorRT-RTX says on a machine with an old driver, an unsupported GPU...); ``wrong_logits``
+  makes the kernel negate the logits, a miscompiled engine the accuracy gate must refuse.
 
 What it cannot tell: real kernels, timing and GPU memory limits; TensorRT's own numerics
 (ONNX Runtime computes instead); asynchrony inside one stream (the queue runs in order); and
@@ -53,6 +56,7 @@ from tests.standin_cuda import FakeCuda, Op, OrderingError
 __all__ = ["FakeCuda", "FakeTensorRT", "OrderingError", "engine_blob"]
 
 MAGIC = b"TRT-STANDIN\n"
+VERSION = "stand-in"  # FakeTensorRT.__version__
 
 
 class DataType(enum.IntEnum):
@@ -76,9 +80,15 @@ class EngineValidity(enum.IntEnum):
 
 
 class EngineInvalidityDiagnostics(enum.IntFlag):
+    """TensorRT-RTX 1.7's members and values (``tests/test_tensorrt_conformance.py`` checks them)."""
+
     VERSION_MISMATCH = 1
     UNSUPPORTED_CC = 2
+    OLD_CUDA_DRIVER = 4
+    OLD_CUDA_RUNTIME = 8
+    INSUFFICIENT_GPU_MEMORY = 16
     MALFORMED_ENGINE = 32
+    CUDA_ERROR = 64
 
 
 class CudaGraphStrategy(enum.IntEnum):
@@ -98,8 +108,11 @@ class ILogger:
         pass
 
 
-def engine_blob(onnx_path: Path, options: EngineOptions, decode_profile: bool) -> bytes:
-    """A serialized stand-in engine: the ONNX file and the builder's profile shapes."""
+def engine_blob(
+    onnx_path: Path, options: EngineOptions, decode_profile: bool, version: str = VERSION
+) -> bytes:
+    """A serialized stand-in engine: the ONNX file, the builder's profile shapes and the TensorRT
+    version that wrote it (another than :data:`VERSION` is refused as ``VERSION_MISMATCH``)."""
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     past = next(i for i in session.get_inputs() if i.name.startswith("past_key_values"))
     kv_heads, head_dim = int(past.shape[1]), int(past.shape[3])
@@ -107,7 +120,7 @@ def engine_blob(onnx_path: Path, options: EngineOptions, decode_profile: bool) -
         {k: [list(r.min), list(r.opt), list(r.max)] for k, r in p.items()}
         for p in profile_shapes(options, kv_heads, head_dim, decode_profile)
     ]
-    return MAGIC + json.dumps({"onnx": str(onnx_path), "profiles": profiles}).encode()
+    return MAGIC + json.dumps({"onnx": str(onnx_path), "profiles": profiles, "version": version}).encode()
 
 
 class IRuntimeCache:
@@ -255,6 +268,9 @@ class IExecutionContext:
             expected = np.arange(past, past + count)
             assert np.array_equal(feed[POSITION_IDS][0], expected), "position_ids do not continue the cache"
             results = engine.session.run(list(engine.outputs), feed)
+            if engine.trt.wrong_logits:  # a miscompiled engine: the least likely token wins
+                names = list(engine.outputs)
+                results = [-r if n == LAST_LOGITS else r for n, r in zip(names, results, strict=True)]
             for name, value in zip(engine.outputs, results, strict=True):
                 shape, nbytes = regions[name]
                 assert value.shape == shape, (name, value.shape, shape)
@@ -290,12 +306,19 @@ class Runtime:
         if not data.startswith(MAGIC):
             return None
         spec = json.loads(data[len(MAGIC) :])
+        if spec.get("version", VERSION) != VERSION:
+            return None
         return ICudaEngine(self.trt, spec["onnx"], spec["profiles"])
 
     def get_engine_validity(self, buffer: bytes) -> tuple[EngineValidity, int]:
-        if bytes(buffer).startswith(MAGIC):
-            return EngineValidity.VALID, 0
-        return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.MALFORMED_ENGINE)
+        data = bytes(buffer)
+        if not data.startswith(MAGIC):
+            return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.MALFORMED_ENGINE)
+        if json.loads(data[len(MAGIC) :]).get("version", VERSION) != VERSION:
+            return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.VERSION_MISMATCH)
+        if self.trt.invalidity:
+            return EngineValidity.INVALID, int(self.trt.invalidity)
+        return EngineValidity.VALID, 0
 
 
 class FakeTensorRT:
@@ -305,9 +328,14 @@ class FakeTensorRT:
         cuda: The fake CUDA its contexts enqueue on.
         fail_calls: Context calls that return False (``set_input_shape``...).
         fail_contexts_after: Let this many ``create_execution_context`` calls succeed.
+
+    Attributes:
+        invalidity: ``EngineInvalidityDiagnostics`` that ``get_engine_validity`` reports for
+            every well-formed engine (this machine refuses them: an old driver...); 0: none.
+        wrong_logits: The kernel negates the logits (a miscompiled engine the gate must catch).
     """
 
-    __version__ = "stand-in"
+    __version__ = VERSION
     DataType = DataType
     EngineValidity = EngineValidity
     EngineInvalidityDiagnostics = EngineInvalidityDiagnostics
@@ -322,6 +350,8 @@ class FakeTensorRT:
         self, cuda: FakeCuda, fail_calls: tuple[str, ...] = (), fail_contexts_after: int = -1
     ) -> None:
         self.cuda, self.fail_calls, self.fail_contexts_after = cuda, set(fail_calls), fail_contexts_after
+        self.invalidity = EngineInvalidityDiagnostics(0)
+        self.wrong_logits = False
 
     def Runtime(self, logger: ILogger) -> Runtime:  # noqa: N802
         runtime = Runtime(logger)

@@ -24,11 +24,20 @@ from engines.tensorrt.flavour import (
     resolve_flavour_name,
     rtx_supports,
 )
-from engines.tensorrt.options import EngineOptions
+from engines.tensorrt.gate import GateFailed, prior_verdict, run_gate
+from engines.tensorrt.options import EngineOptions, EngineOptionsError
 from engines.tensorrt.runtime import EngineIncompatible, TensorRTStep, runtime_cache_path
+from engines.verify import GateOptions
 from models.config import DecoderConfig
 
 logger = logging.getLogger(__name__)
+
+# What makes ``--backend auto`` leave TensorRT for the next backend: TensorRT missing or not for
+# this GPU, a failed export, build, deserialize, warm-up or gate (all RuntimeError:
+# TensorRTUnavailable, ExportError, EngineBuildError, EngineIncompatible, EngineRuntimeError,
+# CudaError, GateFailed; also PyTorch running out of memory for the gate's reference), options
+# the flavour cannot build (EngineOptionsError) and a cache that cannot be written (OSError).
+FALLBACK_ERRORS: tuple[type[Exception], ...] = (RuntimeError, EngineOptionsError, OSError)
 
 
 def load_tensorrt_decoder(
@@ -40,17 +49,24 @@ def load_tensorrt_decoder(
     capacity_tokens: int = 2048,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    gate: GateOptions | None = None,
 ) -> DecoderDriver:
     """The model in ``model_dir`` as a TensorRT engine on this machine's GPU.
 
-    Exports ONNX and builds the engine when the caches lack them; an engine the GPU refuses
-    (other version, damaged) is rebuilt once. Warm-up runs the profile's typical shapes and
-    its time is reported (``step.warmup_ms``) and kept out of any turn's statistics.
-    Setting ``cancel`` stops an engine build at TensorRT's next step (``EngineBuildError``).
+    Exports ONNX and builds the engine when the caches lack them. A cached engine TensorRT
+    refuses is rebuilt once, and only when a rebuild can help (another TensorRT version wrote
+    it, or it is damaged or foreign; not for a GPU, driver or memory the engine cannot use).
+    Warm-up runs the profile's typical shapes and its time is reported (``step.warmup_ms``)
+    and kept out of any turn's statistics. With ``gate``, the engine then passes the accuracy
+    gate (:func:`~engines.tensorrt.gate.run_gate`) unless its record holds a verdict for these
+    thresholds. Setting ``cancel`` stops an engine build at TensorRT's next step
+    (``EngineBuildError``). On any failure after the engine loaded, it is closed first.
 
     Raises:
         TensorRTUnavailable: No TensorRT of that flavour, no GPU, or a GPU it does not support.
-        EngineIncompatible: The engine still does not run after a rebuild.
+        EngineIncompatible: The engine does not run here, and a rebuild cannot help or did not.
+        EngineRuntimeError: TensorRT failed during warm-up or the gate.
+        GateFailed: The engine missed the gate's thresholds, now or at an earlier start.
     """
     flavour = load_flavour(resolve_flavour_name(options.flavour))
     gpu = find_gpu()
@@ -92,6 +108,8 @@ def load_tensorrt_decoder(
 
     config = DecoderConfig.from_dir(model_dir)
     built = build(False)
+    if gate is not None:
+        _refuse_failed_engine(built, gate)
     name = f"{flavour.name} {options.precision}"
     rc_path = runtime_cache_path(cache_dir, flavour, gpu) if flavour.is_rtx else None
     try:
@@ -101,7 +119,13 @@ def load_tensorrt_decoder(
         )  # fmt: skip
     except EngineIncompatible as e:
         if not built.cache_hit:
-            raise
+            raise  # just built, and still refused: building again would loop
+        if not e.rebuild_helps:
+            raise EngineIncompatible(
+                f"{e}; building the engine again cannot fix this (it is this machine's GPU, driver "
+                "or memory), so the cached engine is kept",
+                rebuild_helps=False,
+            ) from e
         logger.warning("cached engine %s does not run here (%s); building it again", built.path, e)
         emit(progress, "rebuild", f"cached engine does not run here ({e}); building again")
         built = build(True)
@@ -110,10 +134,18 @@ def load_tensorrt_decoder(
             cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, name=name,
         )  # fmt: skip
     step.engine_path = built.path
-    if options.warmup:
-        warmup_ms = step.warm_up(options.prefill_opt_tokens, options.context_opt_tokens)
-        emit(progress, "warmup", f"warm-up {warmup_ms:.0f} ms")
-        logger.info("%s: warm-up %.0f ms", name, warmup_ms)
+    driver = DecoderDriver(step, tokenizer, config.eos_token_ids)
+    try:
+        if options.warmup:
+            warmup_ms = step.warm_up(options.prefill_opt_tokens, options.context_opt_tokens)
+            emit(progress, "warmup", f"warm-up {warmup_ms:.0f} ms")
+            logger.info("%s: warm-up %.0f ms", name, warmup_ms)
+        verdict = None if gate is None else prior_verdict(built.record, gate)
+        if gate is not None and verdict is None:  # not checked yet (else it passed before)
+            run_gate(driver, model_dir, tokenizer, gate, engine_folder=built.path.parent, progress=progress)
+    except BaseException:
+        driver.close()  # the GPU memory goes back before anything else (a fallback) needs it
+        raise
     logger.info(
         "%s: %s (%s), KV cache %d tokens on %s",
         name, built.path, "cached" if built.cache_hit else f"built in {built.build_s:.1f} s",
@@ -122,4 +154,20 @@ def load_tensorrt_decoder(
     status = "engine cache hit" if built.cache_hit else f"engine built in {built.build_s:.0f} s"
     if built.notice:
         status += f" ({built.notice})"
-    return DecoderDriver(step, tokenizer, config.eos_token_ids, status)
+    if gate is not None:
+        status += ", accuracy gate passed" + (" before" if verdict is not None else "")
+    driver.cache_status = status
+    return driver
+
+
+def _refuse_failed_engine(built: BuiltEngine, gate: GateOptions) -> None:
+    """Raise :class:`GateFailed` when the engine failed the gate at an earlier start (same thresholds)."""
+    verdict = prior_verdict(built.record, gate)
+    if verdict is not None and not verdict.get("passed"):
+        failures = "; ".join(str(f) for f in verdict.get("failures") or ()) or "see 'assistant engine list'"
+        raise GateFailed(
+            f"accuracy gate failed at an earlier start ({str(verdict.get('checked_at', '?'))[:10]}; not "
+            f"checked again): {failures}; 'assistant engine verify' checks {built.path.parent.name} "
+            "again, 'assistant engine build --force' rebuilds it",
+            verdict,
+        )

@@ -4,7 +4,8 @@ Layout under the cache folder (``<store>/engines`` in the app)::
 
     <model>-<flavour>-<target>-<precision>-<key>/decoder.engine   the serialized engine
     <model>-<flavour>-<target>-<precision>-<key>/engine.json      what it was built from and for,
-                                                                  size + sha256; written last
+                                                                  size + sha256; written last;
+                                                                  ``verified``: the accuracy gate
     _caches/timing-<flavour>-<version>-<gpu>.bin                  TensorRT timing cache
     _caches/runtime-<flavour>-<version>-<gpu>.bin                 TensorRT-RTX runtime cache
     _caches/calibration-<onnx sha>-<snippets sha>-<length>tok-<flavour>-<version>.bin
@@ -93,19 +94,41 @@ class EngineEntry:
         return self.folder / ENGINE_FILE
 
     def describe(self) -> str:
-        """``tensorrt-rtx 1.7.1.116 sm89 fp16, prefill 1/128/512, context 2048, verified``."""
+        """``tensorrt-rtx 1.7.1.116 sm89 fp16, prefill 1/128/512, context 2048, accuracy gate ...``."""
         r = self.record
         if not r:
             return self.problem or "no record"
         p = r.get("profile", {})
-        verified = r.get("verified") or {}
-        state = "verified" if verified.get("passed") else "not verified"
+        state = f"accuracy gate {gate_summary(r.get('verified'))}"
         return (
             f"{r.get('model_id', '?')}: {r.get('flavour', '?')} {r.get('version', '?')} "
             f"{','.join(r.get('targets', []))} {r.get('precision', '?')}, prefill "
             f"{p.get('prefill_min_tokens')}/{p.get('prefill_opt_tokens')}/{p.get('prefill_max_tokens')}, "
             f"context {p.get('context_max_tokens')}, {state}"
         )
+
+
+def gate_summary(verified: dict[str, Any] | None) -> str:
+    """An engine's accuracy-gate verdict (its record's ``verified``) in words.
+
+    ``passed (agreement 100.0%, logits error 2.1e-03, ROUGE-L 1.000; start-up gate 2026-12-03)``,
+    ``FAILED (...): token agreement 3.1% < 90%`` or ``not checked``.
+    """
+    if not verified:
+        return "not checked"
+    numbers = []
+    for key, form in (("token_agreement", "agreement {:.1%}"), ("max_logits_rel_err", "logits error {:.1e}")):
+        if isinstance(verified.get(key), int | float):
+            numbers.append(form.format(verified[key]))
+    if isinstance(verified.get("rouge_l"), int | float):
+        numbers.append(f"ROUGE-L {verified['rouge_l']:.3f}")
+    day = str(verified.get("checked_at") or "")[:10]
+    when = " ".join(str(w) for w in (verified.get("checked_by"), day) if w)
+    detail = f" ({', '.join(numbers)}{'; ' + when if when else ''})" if numbers or when else ""
+    if verified.get("passed"):
+        return f"passed{detail}"
+    failures = verified.get("failures") or []
+    return f"FAILED{detail}" + (f": {'; '.join(str(f) for f in failures)}" if failures else "")
 
 
 def check_record(record: Any) -> None:

@@ -277,8 +277,27 @@ class RuntimeCacheHandle:
         return bytes(memoryview(self.cache.serialize()))
 
 
-def validity_problem(flavour: Flavour, runtime: Any, blob: bytes) -> str | None:
-    """Why TensorRT-RTX will not run this engine on this GPU, or ``None`` when it will (or can't tell)."""
+# EngineInvalidityDiagnostics a rebuild of the engine fixes: another TensorRT-RTX version wrote
+# it, or the file is damaged. The others (UNSUPPORTED_CC: the rebuild targets the same compute
+# capabilities; OLD_CUDA_DRIVER, OLD_CUDA_RUNTIME, INSUFFICIENT_GPU_MEMORY, CUDA_ERROR) are
+# about this machine, and a new engine would be refused for the same reason.
+REBUILD_FIXES = frozenset({"VERSION_MISMATCH", "MALFORMED_ENGINE"})
+
+
+@dataclass(frozen=True)
+class Invalidity:
+    """Why TensorRT-RTX refuses an engine here, and whether building it again can help."""
+
+    problem: str
+    rebuild_helps: bool
+
+
+def validity_problem(flavour: Flavour, runtime: Any, blob: bytes) -> Invalidity | None:
+    """Why TensorRT-RTX will not run this engine on this GPU, or ``None`` when it will (or can't tell).
+
+    ``rebuild_helps`` is true only when every reason TensorRT-RTX gives is one a new engine
+    fixes (:data:`REBUILD_FIXES`), or when it gives none (an unknown refusal: one rebuild).
+    """
     if not flavour.is_rtx:
         return None
     validity, diagnostics = runtime.get_engine_validity(blob)
@@ -287,4 +306,7 @@ def validity_problem(flavour: Flavour, runtime: Any, blob: bytes) -> str | None:
     reasons = [
         m for m in flavour.trt.EngineInvalidityDiagnostics.__members__.values() if int(diagnostics) & int(m)
     ]
-    return ", ".join(r.name.lower() for r in reasons) or "invalid engine"
+    if not reasons:
+        return Invalidity("invalid engine", True)
+    problem = ", ".join(r.name.lower() for r in reasons)
+    return Invalidity(problem, all(r.name in REBUILD_FIXES for r in reasons))

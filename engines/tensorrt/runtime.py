@@ -38,7 +38,16 @@ PREFILL, DECODE = 0, 1  # optimization profile indices, as the builder adds them
 
 
 class EngineIncompatible(RuntimeError):
-    """The engine cannot run here (other TensorRT version, GPU or a damaged file)."""
+    """The engine cannot run here (other TensorRT version, GPU or driver, or a damaged file).
+
+    ``rebuild_helps``: building the engine again can fix it (another TensorRT version wrote it,
+    or the file is damaged or foreign); false when the reason is this machine (a compute
+    capability the engine's targets lack, too old a driver, too little GPU memory).
+    """
+
+    def __init__(self, message: str, *, rebuild_helps: bool = True) -> None:
+        super().__init__(message)
+        self.rebuild_helps = rebuild_helps
 
 
 class EngineRuntimeError(RuntimeError):
@@ -82,10 +91,11 @@ class TensorRTStep:
         trt = flavour.trt
         self.flavour, self.config, self.name = flavour, config, name
         self.runtime = trt.Runtime(make_logger(trt))
-        problem = validity_problem(flavour, self.runtime, engine_blob)
-        if problem:
+        invalid = validity_problem(flavour, self.runtime, engine_blob)
+        if invalid is not None:
             raise EngineIncompatible(
-                f"{flavour.name} {flavour.version} will not run this engine here: {problem}"
+                f"{flavour.name} {flavour.version} will not run this engine here: {invalid.problem}",
+                rebuild_helps=invalid.rebuild_helps,
             )
         self.engine = self.runtime.deserialize_cuda_engine(engine_blob)
         if self.engine is None:
