@@ -94,7 +94,7 @@ def install(monkeypatch: pytest.MonkeyPatch, *, tensorrt: bool = True) -> Machin
     found = Probe(None, "stand-in" if tensorrt else None, GPU, False, True)
     monkeypatch.setattr(cuda_mem, "cudart", lambda: cuda)
     monkeypatch.setattr(selection, "probe", lambda: found)
-    monkeypatch.setattr(backend, "gpu_info", lambda: GPU)
+    monkeypatch.setattr(backend, "find_gpu", lambda: GPU)
     monkeypatch.setattr(backend, "load_flavour", lambda name: flavour)
     monkeypatch.setattr(builder, "load_flavour", lambda name: flavour)
 
