@@ -177,7 +177,7 @@ def load_llm(
 
     gate = gate or GateOptions()
     try:
-        return load(chosen, gate if gate.startup else None), tokenizer
+        return load(chosen, gate if gate.startup else None, auto=True), tokenizer
     except FALLBACK_ERRORS as e:
         if cancel is not None and cancel.is_set():
             raise  # the user stopped the build: no fallback
@@ -225,7 +225,14 @@ class _Loader:
         self.model_dir, self.tokenizer, self.models, self.engine = model_dir, tokenizer, models, engine
         self.progress, self.cancel = progress, cancel
 
-    def __call__(self, decoder: DecoderSettings, gate: GateOptions | None = None) -> DecoderDriver:
+    def __call__(
+        self, decoder: DecoderSettings, gate: GateOptions | None = None, *, auto: bool = False
+    ) -> DecoderDriver:
+        """The decoder of ``decoder.backend``.
+
+        ``auto``: the TensorRT that ``--backend auto`` picked; a build of it that failed at an
+        earlier start is not tried again.
+        """
         model_dir, tokenizer = self.model_dir, self.tokenizer
         if decoder.backend == "onnxruntime":
             return _load_onnxruntime(model_dir, tokenizer, decoder, self.progress)
@@ -241,6 +248,7 @@ class _Loader:
                 progress=self.progress,
                 cancel=self.cancel,
                 gate=gate,
+                retry_failed_build=not auto,
             )
         from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 

@@ -72,13 +72,15 @@ def tiny_chat_model(folder: Path) -> Path:
 class Machine:
     """The stand-in GPU: its fake CUDA and TensorRT, and the engine builds made so far.
 
-    ``build_blob`` replaces what the next builds write (a damaged engine, say).
+    ``build_blob`` replaces what the next builds write (a damaged engine, say); with
+    ``build_error`` they fail with that message instead.
     """
 
     cuda: trt_standin.FakeCuda
     trt: trt_standin.FakeTensorRT
     builds: list[Path] = field(default_factory=list)
     build_blob: bytes | None = None
+    build_error: str | None = None
 
     def idle(self) -> bool:
         """No GPU memory, stream or graph is held (every engine was closed)."""
@@ -100,6 +102,8 @@ def install(monkeypatch: pytest.MonkeyPatch, *, tensorrt: bool = True) -> Machin
 
     def stand_in_build(flavour: Flavour, exported: Any, options: EngineOptions, *rest: Any) -> bytes:
         machine.builds.append(exported.path)
+        if machine.build_error is not None:
+            raise builder.EngineBuildError(machine.build_error)
         if machine.build_blob is not None:
             return machine.build_blob
         return trt_standin.engine_blob(exported.path, options, flavour.decode_profile(options.decode_profile))

@@ -162,6 +162,28 @@ def test_any_tensorrt_failure_falls_back_once_with_one_notice(monkeypatch, tmp_p
     assert machine.idle() and len(machine.builds) <= 1  # no rebuild for any of them
 
 
+def test_a_failed_build_is_not_tried_again_at_the_next_start_but_engine_build_tries(
+    monkeypatch, tmp_path, model, capsys
+):
+    """A build that fails costs its minutes once: later starts fall back at once and say why."""
+    machine = install(monkeypatch)
+    machine.build_error = "out of workspace memory while building"
+    for _ in range(2):
+        notices = []
+        load(tmp_path, model, notices).close()
+        (notice,) = notices
+        assert "engine build failed" in notice and "out of workspace memory" in notice, notice
+    assert "earlier start" in notice and "'assistant engine build' tries again" in notice
+    assert len(machine.builds) == 1  # the second start did not build
+    _list(standin_machine.settings(tmp_path, model))
+    assert "UNUSABLE: build failed" in capsys.readouterr().out
+    machine.build_error = None
+    s = standin_machine.settings(tmp_path, model, backend_name="tensorrt-rtx")
+    driver, _ = load_llm(s.models, s.decoder, s.engine)  # asked for explicitly: built again
+    driver.close()
+    assert len(machine.builds) == 2 and not engine_record(tmp_path)["verified"]
+
+
 def test_an_explicit_tensorrt_backend_still_fails_loudly(monkeypatch, tmp_path, model):
     machine = install(monkeypatch)
     machine.trt.invalidity = EngineInvalidityDiagnostics.OLD_CUDA_DRIVER

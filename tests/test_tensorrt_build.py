@@ -159,7 +159,10 @@ def test_parser_errors_are_listed_with_node_names(tiny_export, tmp_path):
     text = str(info.value)
     assert victims[0].name in text and "NoSuchOperator" in text
     assert info.value.errors and all(line.startswith("node ") for line in info.value.errors)
-    assert not cache.list_entries(tmp_path / "engines")
+    # No engine; the failure is kept, so --backend auto does not build it again at every start.
+    (entry,) = cache.list_entries(tmp_path / "engines")
+    assert entry.problem.startswith("build failed") and "NoSuchOperator" in entry.problem
+    assert not entry.engine_path.exists()
 
 
 def test_cancelled_build_stops_and_leaves_no_entry(tiny_export, tmp_path):

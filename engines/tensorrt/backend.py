@@ -50,6 +50,7 @@ def load_tensorrt_decoder(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     gate: GateOptions | None = None,
+    retry_failed_build: bool = True,
 ) -> DecoderDriver:
     """The model in ``model_dir`` as a TensorRT engine on this machine's GPU.
 
@@ -60,7 +61,8 @@ def load_tensorrt_decoder(
     and kept out of any turn's statistics. With ``gate``, the engine then passes the accuracy
     gate (:func:`~engines.tensorrt.gate.run_gate`) unless its record holds a verdict for these
     thresholds. Setting ``cancel`` stops an engine build at TensorRT's next step
-    (``EngineBuildError``). On any failure after the engine loaded, it is closed first.
+    (``EngineBuildError``). On any failure after the engine loaded, it is closed first. With
+    ``retry_failed_build=False`` a build that failed before is not tried again (``EngineBuildError``).
 
     Raises:
         TensorRTUnavailable: No TensorRT of that flavour, no GPU, or a GPU it does not support.
@@ -104,6 +106,7 @@ def load_tensorrt_decoder(
             cancel=cancel,
             calibration_ids=calibration,
             gpu=gpu,
+            retry_failed=retry_failed_build,
         )
 
     config = DecoderConfig.from_dir(model_dir)

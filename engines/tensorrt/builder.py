@@ -196,8 +196,13 @@ def build_engine(
     cancel: threading.Event | None = None,
     calibration_ids: list[list[int]] | None = None,
     gpu: GpuInfo | None = None,
+    retry_failed: bool = True,
 ) -> BuiltEngine:
     """The engine for ``exported`` and ``options``: from the cache, or built now.
+
+    A build that fails (not a cancelled one) is recorded in the entry's folder; with
+    ``retry_failed=False`` (``--backend auto`` at start-up) a recorded failure is raised again
+    at once instead of spending the build's minutes again at every start.
 
     Args:
         exported: The ONNX export; its dtype must be the one the precision needs
@@ -210,6 +215,7 @@ def build_engine(
         cancel: Set it to stop a build at TensorRT's next step.
         calibration_ids: Token ids of representative snippets (required for ``int8``).
         gpu: The GPU to build for; probed with cuda-python when ``None``.
+        retry_failed: Build even when this build failed before (an explicit ``engine build``).
 
     Raises:
         EngineOptionsError: Bad options, or a precision the flavour cannot build.
@@ -237,6 +243,12 @@ def build_engine(
     # Held from the cache check until the engine is in place and reported: `engine clear`
     # skips this entry meanwhile, and a second build of it waits, then hits the cache.
     with lock:
+        failure = None if force or retry_failed else cache.read_failure(folder)
+        if failure is not None:
+            raise EngineBuildError(
+                f"the engine build failed at an earlier start ({str(failure.get('failed_at'))[:10]}; not "
+                f"tried again): {failure.get('reason')}; 'assistant engine build' tries again"
+            )
         notice = "forced" if force else None
         if folder.exists() and not force:
             problem = cache.check_entry(folder, identity)
@@ -270,6 +282,10 @@ def build_engine(
                 cancel,
                 calibrator,
             )
+        except EngineBuildError as e:
+            if not (cancel is not None and cancel.is_set()):
+                cache.write_failure(folder, str(e))
+            raise
         finally:
             if calibrator is not None:
                 calibrator.free()  # its device buffers

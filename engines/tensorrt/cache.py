@@ -25,6 +25,7 @@ reaching TensorRT.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 ENGINE_FILE = "decoder.engine"
 RECORD_FILE = "engine.json"
+FAILED_FILE = "build-failed.json"  # a build that failed: why, and when (no engine beside it)
 CACHES_DIR = "_caches"
 BLOB_MAGIC = b"assistant-trt-cache/1\n"
 # Fields of engine.json that must equal what the caller expects; a difference means foreign.
@@ -173,6 +175,24 @@ def read_record(folder: Path) -> dict[str, Any]:
     return dict(record)
 
 
+def read_failure(folder: Path) -> dict[str, Any] | None:
+    """The failed build recorded in ``folder`` (``reason``, ``failed_at``), or ``None``."""
+    try:
+        failure = json.loads((folder / FAILED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return failure if isinstance(failure, dict) else None
+
+
+def write_failure(folder: Path, reason: str) -> None:
+    """Record that building the engine of ``folder`` failed (written atomically)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    tmp = folder / f".{FAILED_FILE}.tmp"
+    tmp.write_text(json.dumps({"reason": reason, "failed_at": when}, indent=2) + "\n")
+    tmp.replace(folder / FAILED_FILE)
+
+
 def check_entry(folder: Path, expected: dict[str, Any] | None = None) -> str | None:
     """Why the engine in ``folder`` cannot be reused, or ``None`` when it can.
 
@@ -185,6 +205,8 @@ def check_entry(folder: Path, expected: dict[str, Any] | None = None) -> str | N
         record = read_record(folder)
         size, sha = int(record["engine"]["size"]), str(record["engine"]["sha256"])
     except FileNotFoundError:
+        if (failure := read_failure(folder)) is not None:
+            return f"build failed {str(failure.get('failed_at'))[:10]}: {failure.get('reason')}"
         return f"{folder / RECORD_FILE} is missing (interrupted build?)"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{folder / RECORD_FILE} is unreadable ({e})"
