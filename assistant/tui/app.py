@@ -35,7 +35,7 @@ from assistant.pipeline import PipelineOptions
 from assistant.session import LoadCancelled, Progress, Session
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.fold import TurnFold
-from assistant.tui.gpu import GpuMonitor
+from assistant.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
 from assistant.tui.widgets import Conversation, KeyFooter, SessionStats, StatusBar
 
