@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from assistant.config import Settings
+    from assistant.session import Session
 
 logger = logging.getLogger("assistant")
 
@@ -155,6 +156,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="let speech interrupt the reply (use a headset: with speakers it hears itself)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        dest="metrics.port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (default 0: off; docs/monitoring.md)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        dest="metrics.host",
+        metavar="ADDR",
+        help="address the metrics bind (default 127.0.0.1; another is reachable from the network)",
     )
     parser.add_argument("-v", "--verbose", action="count", help="log more (-vv for debug)")
 
@@ -321,6 +335,12 @@ def _chat(settings: Settings) -> int:
     from assistant.dialogue import Dialogue
     from assistant.llm import load_llm
 
+    if settings.metrics.port:
+        print(
+            "notice: chat serves no metrics (it keeps no turn records); --metrics-port works with "
+            "'assistant', 'assistant run' and 'run --no-tui', where typed turns are counted too",
+            file=sys.stderr,
+        )
     decoder, tokenizer = load_llm(
         settings.models,
         settings.decoder,
@@ -370,41 +390,57 @@ def _headless(
     audio: np.ndarray | None,
     output: Path | None,
 ) -> int:
-    from assistant.chat import run_chat
     from assistant.latency import EventLog
+    from assistant.metrics import serving
     from assistant.session import build_session
-    from assistant.voice import ConsoleReporter, fan_out, run_file, run_live
+    from assistant.voice import ConsoleReporter, fan_out
 
     events_path: Path | None = getattr(args, "events", None)
     event_log = EventLog(events_path) if events_path else None
     file_mode = input_wav is not None and audio is not None
     try:
-        session = build_session(
-            settings,
-            devices=not file_mode,
-            asr=True if file_mode else None,
-            tts=True if file_mode else None,
-            emit=fan_out(ConsoleReporter(), event_log),
-            log_path=getattr(args, "log", None),
-        )
-        for notice in session.notices:
-            print(f"notice: {notice}", file=sys.stderr)
-        try:
-            if input_wav is not None and audio is not None:
-                record = run_file(
-                    session.pipeline, settings.vad, audio, input_wav, output, session.turn_policy
-                )
-                return 0 if not record.cancelled else 1
-            if session.mic is None or session.speaker is None:
-                return run_chat(session.dialogue)
-            mic, speaker = session.mic, session.speaker
-            session.mic = session.speaker = None  # run_live closes them
-            return run_live(session.pipeline, mic, speaker, session.endpointer(), session.settings_turn)
-        finally:
-            session.close()
+        with serving(settings.metrics) as metrics:
+            session = build_session(
+                settings,
+                devices=not file_mode,
+                asr=True if file_mode else None,
+                tts=True if file_mode else None,
+                emit=fan_out(ConsoleReporter(), event_log, metrics),
+                log_path=getattr(args, "log", None),
+                engine_events=metrics.engine_event if metrics else None,
+            )
+            if metrics is not None:
+                metrics.attach(session, settings.models.llm)
+            return _serve_session(session, settings, input_wav, audio, output)
     finally:
         if event_log:
             event_log.close()
+
+
+def _serve_session(
+    session: Session,
+    settings: Settings,
+    input_wav: Path | None,
+    audio: np.ndarray | None,
+    output: Path | None,
+) -> int:
+    """Answer the file's question, or run the live loop (text chat without devices); closes ``session``."""
+    from assistant.chat import run_chat
+    from assistant.voice import run_file, run_live
+
+    for notice in session.notices:
+        print(f"notice: {notice}", file=sys.stderr)
+    try:
+        if input_wav is not None and audio is not None:
+            record = run_file(session.pipeline, settings.vad, audio, input_wav, output, session.turn_policy)
+            return 0 if not record.cancelled else 1
+        if session.mic is None or session.speaker is None:
+            return run_chat(session.dialogue)
+        mic, speaker = session.mic, session.speaker
+        session.mic = session.speaker = None  # run_live closes them
+        return run_live(session.pipeline, mic, speaker, session.endpointer(), session.settings_turn)
+    finally:
+        session.close()
 
 
 def _tui(args: argparse.Namespace, settings: Settings) -> int:

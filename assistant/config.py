@@ -20,6 +20,7 @@ from typing import Any, get_args, get_type_hints
 
 from assistant.asr import AsrOptions
 from assistant.audio import AudioOptions
+from assistant.metrics import MetricsOptions
 from assistant.splitter import SplitterOptions
 from assistant.tts import TtsOptions
 from assistant.turn import TurnOptions
@@ -146,6 +147,7 @@ class Settings:
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     engine: EngineOptions = field(default_factory=EngineOptions)
     gate: GateOptions = field(default_factory=GateOptions)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
 
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}

@@ -261,7 +261,7 @@ class _Loader:
             compile=decoder.compile,
             compile_cache_dir=compile_cache_dir(self.models, model_dir),
         )
-        return load_torch_decoder(model_dir, tokenizer, options)
+        return load_torch_decoder(model_dir, tokenizer, options, self.progress)
 
 
 def _load_onnxruntime(

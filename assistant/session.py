@@ -22,7 +22,7 @@ from assistant.splitter import SentenceSplitter
 from assistant.tts import Synthesizer
 from assistant.turn import TurnOptions, describe, end_of_turn_policy, with_partials_resolved
 from assistant.vad import EndOfTurn, Endpointer, FixedSilence, VadOptions
-from engines.progress import EngineProgress
+from engines.progress import EngineProgress, ProgressCallback
 from models.store import ModelStore
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,17 @@ class Session:
         _close_decoder(self.dialogue.decoder)
 
 
+def _both(first: ProgressCallback, second: ProgressCallback | None) -> ProgressCallback:
+    if second is None:
+        return first
+
+    def both(event: EngineProgress) -> None:
+        second(event)
+        first(event)  # may raise LoadCancelled: counted first
+
+    return both
+
+
 def _close_decoder(decoder: object) -> None:
     close = getattr(decoder, "close", None)  # DecoderDriver has one; test doubles may not
     if close is not None:
@@ -175,6 +186,7 @@ def build_session(
     log_path: Path | None = None,
     progress: Progress = _no_progress,
     cancel: threading.Event | None = None,
+    engine_events: ProgressCallback | None = None,
 ) -> Session:
     """Open the devices (when ``devices``) and load and warm up the models.
 
@@ -182,7 +194,8 @@ def build_session(
     likewise with ``tts`` and the speaker. Failures of the models raise (ModelNotFound,
     AsrLoadError, TtsUnavailable...); a missing audio device only adds a notice. Setting
     ``cancel`` stops the load at its next step (an engine build at TensorRT's next step)
-    with :class:`LoadCancelled`, devices closed.
+    with :class:`LoadCancelled`, devices closed. ``engine_events`` hears the decoder's
+    start-up events (cache hits and misses, builds) as they are (the metrics count them).
     """
     start_ns = time.monotonic_ns()
 
@@ -206,7 +219,7 @@ def build_session(
             settings.decoder,
             settings.engine,
             gate=settings.gate,
-            progress=EngineSteps(step),
+            progress=_both(EngineSteps(step), engine_events),
             cancel=cancel,
             notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
         )

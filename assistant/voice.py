@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import signal
 import sys
@@ -167,16 +168,36 @@ def run_live(
     endpointer: Endpointer,
     turn: TurnOptions,
     out: TextIO = sys.stdout,
+    typed: TextIO | None = sys.stdin,
 ) -> int:
-    """Listen and answer until Ctrl-C (SIGINT) or SIGTERM; closes streams and joins threads."""
+    """Listen and answer until Ctrl-C (SIGINT) or SIGTERM; closes streams and joins threads.
+
+    Each line read from ``typed`` (standard input) is answered as a typed turn, spoken too,
+    after the turn in progress; the end of that input leaves the microphone listening.
+    """
     loop = LiveLoop(pipeline, mic, speaker, endpointer, turn=turn)
     done = threading.Event()
+
+    def read_typed() -> None:
+        assert typed is not None
+        if isinstance(typed, io.TextIOWrapper):
+            typed.reconfigure(errors="replace")  # a bad byte becomes U+FFFD, not a dead reader
+        for line in typed:
+            if text := line.strip():
+                loop.submit_text(text)
+
+    if typed is not None:
+        threading.Thread(target=read_typed, name="typed-input", daemon=True).start()  # blocks in read
 
     def stop(_sig: int, _frame: object) -> None:
         done.set()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    print(f"listening on {mic.name!r}, speaking on {speaker.name!r}; Ctrl-C to quit", file=out, flush=True)
+    print(
+        f"listening on {mic.name!r}, speaking on {speaker.name!r}; type a line to ask in text; Ctrl-C quits",
+        file=out,
+        flush=True,
+    )
     loop.start()
     try:
         while not done.wait(0.2):

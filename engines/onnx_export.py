@@ -272,7 +272,7 @@ def export_decoder(
     sweep_staging(folder.parent)  # what killed exports left (hidden, ~230 MB each)
     if folder.exists() and not force and check_export(folder, expected) is None:
         # A hit needs no lock (nor a writable folder): entries are replaced by a rename.
-        emit(progress, "cached", f"ONNX export cache hit ({options.dtype})")
+        emit(progress, "cached", f"ONNX export cache hit ({options.dtype})", cache="onnx_export")
         return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), ExportRecord.read(folder).metadata)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -300,11 +300,11 @@ def _export_locked(
         problem = check_export(folder, expected)
         if problem is None:
             metadata = ExportRecord.read(folder).metadata
-            emit(progress, "cached", f"ONNX export cache hit ({options.dtype})")
+            emit(progress, "cached", f"ONNX export cache hit ({options.dtype})", cache="onnx_export")
             return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), metadata)
         notice = f"cached export unusable, exporting again: {problem}"
         logger.warning("%s", notice)
-    emit(progress, "export", f"exporting ONNX ({options.dtype}), once per model")
+    emit(progress, "export", f"exporting ONNX ({options.dtype}), once per model", cache="onnx_export")
     start = time.monotonic()
     with staging_dir(folder) as tmp:
         staged = Path(tmp) / "out"

@@ -18,8 +18,9 @@ class EngineProgress:
     """One step of getting an engine ready.
 
     Attributes:
-        stage: ``export``, ``parse``, ``build`` (TensorRT phases), ``save``, ``cached``,
-            ``rebuild`` (a cached engine was unusable), ``warmup`` or ``done``.
+        stage: ``export``, ``parse``, ``build`` (TensorRT phases), ``save``, ``cached`` (a
+            cache hit), ``miss`` (a cache had nothing usable), ``rebuild`` (a cached engine
+            was unusable), ``warmup`` or ``done`` (an engine was built).
         message: Human-readable line (phase name, or what happened).
         phase: TensorRT phase name for ``build`` events, else ``""``.
         parent: The enclosing TensorRT phase, ``""`` at the top level.
@@ -27,6 +28,9 @@ class EngineProgress:
         num_steps: Steps ``phase`` has (0 when not a TensorRT phase).
         finished: The phase ended.
         t_ns: ``time.monotonic_ns()`` when it happened.
+        cache: Which cache a ``cached``/``miss``/``export``/``rebuild``/``done`` event is about:
+            one of :data:`CACHES`, else ``""``.
+        reason: Why a ``rebuild`` happened, as a short word (``unusable``, ``incompatible``).
     """
 
     stage: str
@@ -37,15 +41,29 @@ class EngineProgress:
     num_steps: int = 0
     finished: bool = False
     t_ns: int = 0
+    cache: str = ""
+    reason: str = ""
+
+
+CACHES = ("onnx_export", "engine", "timing_cache", "runtime_cache", "compile_cache")
+"""The caches that make a second start fast; the metrics count a hit or a miss of each."""
 
 
 ProgressCallback = Callable[[EngineProgress], None]
 
 
-def emit(callback: ProgressCallback | None, stage: str, message: str) -> None:
+def emit(
+    callback: ProgressCallback | None, stage: str, message: str, *, cache: str = "", reason: str = ""
+) -> None:
     """Send a stage event (not a TensorRT phase) to ``callback`` if there is one."""
+    assert cache in ("", *CACHES), cache
     if callback is not None:
-        callback(EngineProgress(stage, message, t_ns=time.monotonic_ns()))
+        callback(EngineProgress(stage, message, t_ns=time.monotonic_ns(), cache=cache, reason=reason))
+
+
+def emit_lookup(callback: ProgressCallback | None, cache: str, hit: bool, message: str) -> None:
+    """A ``cached`` (hit) or ``miss`` event of ``cache``."""
+    emit(callback, "cached" if hit else "miss", message, cache=cache)
 
 
 class ConsolePrinter:

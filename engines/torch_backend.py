@@ -18,6 +18,7 @@ import torch
 from engines.base import StepModel
 from engines.cuda_graph import PRECISION, CudaGraphStep, GraphOptions
 from engines.driver import DecoderDriver, Detokenizer
+from engines.progress import ProgressCallback, emit_lookup
 from models.config import DecoderConfig
 from models.decoder import Decoder as DecoderModel
 from models.decoder import KVCache
@@ -137,9 +138,15 @@ def _inductor_default_cache_dir() -> str:
 
 
 def load_torch_decoder(
-    model_dir: Path, tokenizer: Detokenizer, options: TorchBackendOptions
+    model_dir: Path,
+    tokenizer: Detokenizer,
+    options: TorchBackendOptions,
+    progress: ProgressCallback | None = None,
 ) -> DecoderDriver:
-    """Load the model in ``model_dir`` and wrap it in the shared generation driver."""
+    """Load the model in ``model_dir`` and wrap it in the shared generation driver.
+
+    ``progress`` hears whether torch.compile's cache had this model's kernels (with ``compile``).
+    """
     configure_threads(options.threads)
     device, dtype = resolve_device(options)
     config = DecoderConfig.from_dir(model_dir)
@@ -156,6 +163,7 @@ def load_torch_decoder(
             cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
             warm = cache is not None and any(Path(cache).glob("*"))
             status = "compile cache hit" if warm else "compile cache empty: compiled at start"
+            emit_lookup(progress, "compile_cache", warm, f"{status}: {cache}")
         graph_options = GraphOptions(
             options.prefill_buckets, options.decode_windows, capture=True, compile=options.compile
         )

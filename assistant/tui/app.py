@@ -29,13 +29,13 @@ from assistant.audio import AudioSink, FileSink
 from assistant.config import Settings
 from assistant.devices import device_notice
 from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDone
+from assistant.gpu import GpuMonitor
 from assistant.latency import TurnRecord, build_record, export_report
 from assistant.live import LiveLoop
 from assistant.pipeline import PipelineOptions
 from assistant.session import LoadCancelled, Progress, Session
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.fold import TurnFold
-from assistant.gpu import GpuMonitor
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
 from assistant.tui.widgets import Conversation, KeyFooter, SessionStats, StatusBar
 

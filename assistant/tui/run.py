@@ -13,6 +13,7 @@ from textual.app import App
 from assistant.config import Settings
 from assistant.events import Event, MicLevel
 from assistant.latency import EventLog
+from assistant.metrics import Metrics, serving
 from assistant.session import Progress, Session, build_session
 from assistant.tui.app import UI_SWITCH_INTERVAL_S, AssistantApp
 from assistant.tui.messages import LogLine
@@ -43,7 +44,23 @@ def run_tui(
     events_path: Path | None = None,
     export_dir: Path | None = None,
 ) -> int:
-    """Open the UI on the configured stages until ``q``; returns the exit status."""
+    """Open the UI on the configured stages until ``q``; returns the exit status.
+
+    With ``[metrics] port`` set, Prometheus metrics are served while the UI runs (the port is
+    opened first: one in use fails before any model loads).
+    """
+    with serving(settings.metrics) as metrics:
+        return _run(settings, metrics, input_wav, log_path, events_path, export_dir)
+
+
+def _run(
+    settings: Settings,
+    metrics: Metrics | None,
+    input_wav: Path | None,
+    log_path: Path | None,
+    events_path: Path | None,
+    export_dir: Path | None,
+) -> int:
     event_log = EventLog(events_path) if events_path else None
     app: AssistantApp
 
@@ -51,10 +68,12 @@ def run_tui(
         def both(event: Event) -> None:
             if event_log is not None and not isinstance(event, MicLevel):
                 event_log(event)
+            if metrics is not None:
+                metrics(event)
             emit(event)
 
         wav = input_wav is not None
-        return build_session(
+        session = build_session(
             settings,
             asr=True if wav else None,
             tts=True if wav else None,
@@ -62,7 +81,11 @@ def run_tui(
             log_path=log_path,
             progress=progress,
             cancel=cancel,
+            engine_events=metrics.engine_event if metrics else None,
         )
+        if metrics is not None:
+            metrics.attach(session, settings.models.llm)
+        return session
 
     app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)
     root = logging.getLogger()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engines.driver import DecoderDriver, Detokenizer
 from engines.onnx_export import ExportOptions, export_decoder
-from engines.progress import ProgressCallback, emit
+from engines.progress import ProgressCallback, emit, emit_lookup
 from engines.tensorrt.builder import BuiltEngine, build_engine
 from engines.tensorrt.cuda_mem import GpuUnusable, find_gpu
 from engines.tensorrt.flavour import (
@@ -130,13 +130,22 @@ def load_tensorrt_decoder(
                 rebuild_helps=False,
             ) from e
         logger.warning("cached engine %s does not run here (%s); building it again", built.path, e)
-        emit(progress, "rebuild", f"cached engine does not run here ({e}); building again")
+        emit(
+            progress,
+            "rebuild",
+            f"cached engine does not run here ({e}); building again",
+            cache="engine",
+            reason="incompatible",
+        )
         built = build(True)
         step = TensorRTStep(
             flavour, built.path.read_bytes(), config, capacity_tokens,
             cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, name=name,
         )  # fmt: skip
     step.engine_path = built.path
+    if step.handle is not None:  # TensorRT-RTX: kernels compiled at run time, kept between runs
+        hit = step.handle.loaded
+        emit_lookup(progress, "runtime_cache", hit, f"runtime cache {'hit' if hit else 'empty'}: {rc_path}")
     driver = DecoderDriver(step, tokenizer, config.eos_token_ids)
     try:
         if options.warmup:

@@ -30,7 +30,7 @@ from engines.onnx_export import (
     ExportRecord,
     past_names,
 )
-from engines.progress import ProgressCallback, emit
+from engines.progress import ProgressCallback, emit, emit_lookup
 from engines.tensorrt import cache
 from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
 from engines.tensorrt.flavour import (
@@ -253,11 +253,12 @@ def build_engine(
         if folder.exists() and not force:
             problem = cache.check_entry(folder, identity)
             if problem is None:
-                emit(progress, "cached", f"engine cache hit: {folder}")
+                emit(progress, "cached", f"engine cache hit: {folder}", cache="engine")
                 return BuiltEngine(folder / cache.ENGINE_FILE, cache.read_record(folder), True)
             notice = f"cached engine unusable, building again: {problem}"
             logger.warning("%s", notice)
-            emit(progress, "rebuild", notice)
+            emit(progress, "rebuild", notice, cache="engine", reason="unusable")
+        emit(progress, "miss", notice or "no engine cached for this model, GPU and options", cache="engine")
         start = time.monotonic()
         caches_dir = cache_dir / cache.CACHES_DIR
         calibrator = None
@@ -304,7 +305,7 @@ def build_engine(
         except OSError as e:
             raise EngineBuildError(f"cannot write the engine under {cache_dir}: {e}") from e
         logger.info("built %s in %.1f s (%d MB)", folder, build_s, record["engine"]["size"] // 10**6)
-        emit(progress, "done", f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}")
+        emit(progress, "done", f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}", cache="engine")
         return BuiltEngine(folder / cache.ENGINE_FILE, record, False, build_s, notice)
 
 
@@ -390,9 +391,12 @@ def _build(
         timing_path = caches_dir / f"timing-{flavour.name}-{flavour.version}-{device}-{targets[0]}.bin"
         blob = cache.load_blob(timing_path, "timing")
         timing = config.create_timing_cache(blob or b"")
-        if not config.set_timing_cache(timing, False):
+        hit = config.set_timing_cache(timing, False)
+        if not hit:
             logger.warning("TensorRT rejected the timing cache %s; tuning from scratch", timing_path)
             config.set_timing_cache(config.create_timing_cache(b""), False)
+        hit = bool(hit and blob)
+        emit_lookup(progress, "timing_cache", hit, f"timing cache {'hit' if hit else 'empty'}: {timing_path}")
     if calibrator is not None:
         # Calibration runs at one shape: the packed snippet length, with an empty KV cache.
         length = calibrator.length_tokens
