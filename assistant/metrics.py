@@ -267,8 +267,8 @@ class Metrics:
         """
         if options.host not in LOOPBACK:
             logger.warning(
-                "metrics on %s:%d are reachable from the network (--metrics-host); they tell "
-                "what you said only as timings, but anyone there can read them",
+                "metrics on %s:%d are reachable from the network (--metrics-host): whoever reaches "
+                "this machine can read them (timings, model and GPU names; never what was said)",
                 options.host,
                 options.port,
             )
@@ -277,12 +277,11 @@ class Metrics:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise MetricsPortError(
-                    e.errno,
                     f"metrics port {options.port} on {options.host} is in use by another program; "
                     "choose another with --metrics-port PORT (or [metrics] port in the config)",
                 ) from e
             raise MetricsPortError(
-                e.errno, f"cannot serve metrics on {options.host}:{options.port} ({e.strerror}); "
+                f"cannot serve metrics on {options.host}:{options.port} ({e.strerror}); "
                 "check --metrics-host and --metrics-port",
             ) from e  # fmt: skip
         logger.info("metrics on http://%s:%d/metrics", options.host, server.server_port)

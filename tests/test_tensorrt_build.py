@@ -18,6 +18,7 @@ import onnx
 import pytest
 import torch
 
+from assistant.metrics import Metrics
 from assistant.session import EngineSteps
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from engines.tensorrt import builder, cache
@@ -91,6 +92,23 @@ def test_second_smollm2_build_is_a_cache_hit_without_the_builder(smollm2_engine,
     assert [e.stage for e in events] == ["cached"]
 
 
+def test_the_metrics_count_a_real_build_then_a_cache_hit(smollm2_engine, monkeypatch):
+    """The Prometheus counters follow the events of the real SM89 build and of its cache hit."""
+    exported, first, build_events = smollm2_engine
+    metrics = Metrics()
+    for event in build_events:
+        metrics.engine_event(event)
+    monkeypatch.setattr(builder, "_build", no_builder)
+    build_engine(exported, SM89, first.path.parent.parent, progress=metrics.engine_event)
+    value = metrics.registry.get_sample_value
+    assert value("assistant_engine_builds_total") == 1
+    assert value("assistant_cache_lookups_total", {"cache": "engine", "result": "miss"}) == 1
+    assert value("assistant_cache_lookups_total", {"cache": "engine", "result": "hit"}) == 1
+    assert (
+        value("assistant_cache_lookups_total", {"cache": "timing_cache", "result": "miss"}) == 0
+    )  # RTX: none
+
+
 # Tiny random-weight model: cache damage, options, parser errors.
 
 
@@ -125,9 +143,13 @@ def test_damaged_or_foreign_engine_is_detected_reported_and_rebuilt(tiny_export,
     first = build_engine(tiny_export, TINY, tmp_path)
     damage_engine(first.path.parent, how)
     assert cache.check_entry(first.path.parent, first.record) is not None
+    metrics = Metrics()
     with caplog.at_level(logging.WARNING, logger="engines.tensorrt.builder"):
-        again = build_engine(tiny_export, TINY, tmp_path)
+        again = build_engine(tiny_export, TINY, tmp_path, progress=metrics.engine_event)
     assert not again.cache_hit and again.path == first.path
+    value = metrics.registry.get_sample_value
+    assert value("assistant_engine_rebuilds_total", {"reason": "unusable"}) == 1
+    assert value("assistant_engine_builds_total") == 1
     assert again.notice and "building again" in caplog.text
     expected = {"flipped byte": "corrupt", "truncated": "truncated", "no record": "missing",
                 "other version": "foreign", "other GPU": "foreign"}[how]  # fmt: skip

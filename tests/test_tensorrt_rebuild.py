@@ -13,6 +13,7 @@ import hashlib
 
 import pytest
 
+from assistant.metrics import Metrics
 from engines.tensorrt import cache
 from engines.tensorrt.backend import load_tensorrt_decoder
 from engines.tensorrt.runtime import EngineIncompatible
@@ -33,9 +34,9 @@ class NoTokenizer:
         return ""
 
 
-def load(model, store):
+def load(model, store, progress=None):
     options = dataclasses.replace(ENGINE, flavour="tensorrt-rtx", warmup=False)
-    return load_tensorrt_decoder(model, NoTokenizer(), options, store, capacity_tokens=256)
+    return load_tensorrt_decoder(model, NoTokenizer(), options, store, capacity_tokens=256, progress=progress)
 
 
 def cached_engine(model, store, machine):
@@ -88,8 +89,17 @@ def test_a_damaged_or_foreign_engine_is_rebuilt_once_and_then_runs(
     machine = install(monkeypatch)
     folder = cached_engine(model, tmp_path, machine)
     replace_engine(folder, foreign_or_damaged(kind, model))
-    driver = load(model, tmp_path)
+    metrics = Metrics()
+    driver = load(model, tmp_path, metrics.engine_event)
     assert len(machine.builds) == 2
+    value = metrics.registry.get_sample_value
+    assert value("assistant_engine_rebuilds_total", {"reason": "incompatible"}) == 1
+    assert value("assistant_cache_lookups_total", {"cache": "engine", "result": "hit"}) == 1  # then refused
+    lookups = [
+        value("assistant_cache_lookups_total", {"cache": "runtime_cache", "result": r})
+        for r in ("hit", "miss")
+    ]
+    assert sum(lookups) == 1  # the rebuilt engine's context looked its runtime cache up once
     assert f"does not run here (tensorrt-rtx stand-in will not run this engine here: {why})" in caplog.text
     assert driver.step.forward([1, 2, 3], 0).shape == (300,)
     driver.close()
