@@ -44,9 +44,14 @@ def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, tuple[tuple[st
 
 
 def listening_addresses(port: int) -> set[str]:
-    """The local addresses with a TCP socket listening on ``port`` (from ``ss``)."""
-    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True)
-    return {line.split()[3].rsplit(":", 1)[0] for line in out.stdout.splitlines() if line.strip()}
+    """The local IPv4 addresses with a TCP socket listening on ``port`` (from /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, local_port = local.split(":")
+        if state == "0A" and int(local_port, 16) == port:  # 0A: LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
 
 
 def wait_records(log: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> list[dict]:
@@ -145,3 +150,32 @@ def test_a_host_other_than_loopback_is_served_with_a_warning(caplog):
 def test_an_address_that_cannot_be_bound_is_named_with_its_flags():
     with pytest.raises(MetricsPortError, match="--metrics-host and --metrics-port"):
         Metrics().serve(MetricsOptions(port=free_port(), host="192.0.2.1"))  # TEST-NET: not ours
+
+
+@pytest.mark.gpu
+def test_the_gpu_gauges_follow_what_the_gpu_holds():
+    """NVML's readings over a real scrape; 2 GiB taken with PyTorch show in the used memory."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (the 'gpu' extras) is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    port = free_port()
+    server = Metrics().serve(MetricsOptions(port=port))
+    try:
+        torch.cuda.init()
+        before = scrape(port)
+        taken = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        after = scrape(port)
+        del taken
+    finally:
+        server.shutdown()
+        server.server_close()
+    name = torch.cuda.get_device_name(0).removeprefix("NVIDIA ")
+    used = [after[k] - before[k] for k in after if k[0] == "assistant_gpu_memory_used_bytes"]
+    (total,) = [v for k, v in after.items() if k[0] == "assistant_gpu_memory_total_bytes"]
+    (labels,) = [dict(k[1]) for k in after if k[0] == "assistant_gpu_utilization_ratio"]
+    assert labels == {"gpu": name}
+    assert used and 2 * 2**30 <= used[0] < 3 * 2**30, used
+    assert total == pytest.approx(torch.cuda.mem_get_info()[1], rel=0.01)
+    assert 0 <= next(v for k, v in after.items() if k[0] == "assistant_gpu_utilization_ratio") <= 1
