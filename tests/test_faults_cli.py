@@ -291,7 +291,7 @@ async def test_ui_in_a_40x12_terminal_keeps_the_conversation_readable_and_every_
 
 def test_export_dir_given_before_the_subcommand_is_kept():
     """``assistant --export-dir X run``: the ``run`` subparser's own default must not reset X."""
-    from assistant.__main__ import build_parser
+    from assistant.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["--export-dir", "reports", "run"]).export_dir == Path("reports")

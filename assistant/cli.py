@@ -1,0 +1,227 @@
+"""The command line's flags and subcommands (argparse), for ``assistant.__main__``.
+
+Each setting's flag has ``dest="section.key"``: the value overrides that key of the settings
+tree (:mod:`assistant.config`), and :func:`flag_names` lets errors name the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    from assistant.llm import BACKENDS
+
+    # SUPPRESS: an unset flag leaves no attribute, so `assistant --model X chat` keeps X.
+    parser.argument_default = argparse.SUPPRESS
+    g = parser.add_argument_group("settings (override the config file and ASSISTANT_* variables)")
+    g.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML settings file (default ~/.config/assistant/config.toml)",
+    )
+    g.add_argument(
+        "--store", dest="models.store_dir", metavar="DIR", help="model store (default ~/.cache/assistant)"
+    )
+    g.add_argument(
+        "--model",
+        dest="models.llm",
+        metavar="NAME|DIR|hf:ORG/NAME[@REV]",
+        help="LLM: store name, local Hugging Face folder, or hf:org/name[@revision] (downloaded once "
+        "into the store, online, pinned to a commit)",
+    )
+    g.add_argument(
+        "--backend",
+        dest="decoder.backend",
+        choices=BACKENDS,
+        help="decoder backend (default auto: TensorRT on a GPU it supports, its engine built once and "
+        "checked by the accuracy gate, else the next backend, saying why)",
+    )
+    g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
+    g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
+    g.add_argument(
+        "--cuda-graph", dest="decoder.cuda_graph", choices=["auto", "on", "off"], help="replay CUDA graphs"
+    )
+    g.add_argument(
+        "--compile", dest="decoder.compile", action="store_const", const=True, help="torch.compile the graphs"
+    )
+    g.add_argument(
+        "--context-tokens",
+        dest="decoder.context_tokens",
+        type=int,
+        metavar="N",
+        help="KV cache size in tokens",
+    )
+    g.add_argument("--threads", dest="decoder.threads", type=int, metavar="N", help="CPU threads (0 = auto)")
+    g.add_argument("--max-new-tokens", dest="generation.max_new_tokens", type=int, metavar="N")
+    g.add_argument("--temperature", dest="generation.temperature", type=float, metavar="T", help="0 = greedy")
+    g.add_argument("--top-k", dest="generation.top_k", type=int, metavar="K")
+    g.add_argument("--top-p", dest="generation.top_p", type=float, metavar="P")
+    g.add_argument("--repetition-penalty", dest="generation.repetition_penalty", type=float, metavar="X")
+    g.add_argument("--seed", dest="generation.seed", type=int, metavar="N")
+    g.add_argument("--system-prompt", dest="dialogue.system_prompt", metavar="TEXT")
+    g.add_argument(
+        "--mic", dest="audio.input_device", metavar="DEVICE", help="input device: index or name part"
+    )
+    g.add_argument(
+        "--speaker", dest="audio.output_device", metavar="DEVICE", help="output device: index or name part"
+    )
+    g.add_argument(
+        "--asr-model",
+        dest="asr.model",
+        metavar="NAME|DIR",
+        help="faster-whisper model (default whisper-tiny.en)",
+    )
+    g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
+    g.add_argument(
+        "--voice", dest="tts.voice", metavar="VOICE", help="TTS voice (id or name part, e.g. en-us)"
+    )
+    g.add_argument(
+        "--tts-rate", dest="tts.rate_wpm", type=int, metavar="WPM", help="speaking rate, words per minute"
+    )
+    g.add_argument(
+        "--end-silence-ms",
+        dest="vad.end_silence_ms",
+        type=int,
+        metavar="MS",
+        help="silence that ends a turn with --turn-detection off",
+    )
+    g.add_argument(
+        "--turn-detection",
+        dest="turn.detection",
+        choices=["smart-turn", "off"],
+        help="end of turn: the Smart Turn model (default), or off: fixed --end-silence-ms",
+    )
+    g.add_argument(
+        "--pause-ms", dest="turn.pause_ms", type=int, metavar="MS", help="silence before the model scores"
+    )
+    g.add_argument(
+        "--max-silence-ms",
+        dest="turn.max_silence_ms",
+        type=int,
+        metavar="MS",
+        help="silence that ends a turn whatever the model says",
+    )
+    g.add_argument(
+        "--no-speculation",
+        dest="turn.speculate",
+        action="store_const",
+        const=False,
+        help="do not start ASR and the reply during pauses (wait for the end of the turn)",
+    )
+    g.add_argument(
+        "--partials",
+        dest="turn.partials",
+        choices=["auto", "on", "off"],
+        help="live transcript while you speak (auto: on unless ASR runs on 2 CPU cores or fewer)",
+    )
+    g.add_argument(
+        "--partial-interval-ms",
+        dest="turn.partial_interval_ms",
+        type=int,
+        metavar="MS",
+        help="re-transcribe speech in progress this often for the live transcript (0: off)",
+    )
+    g.add_argument(
+        "--first-chunk-words",
+        dest="splitter.first_chunk_words",
+        type=int,
+        metavar="N",
+        help="the reply's first spoken chunk may end after N words (0: wait for punctuation)",
+    )
+    g.add_argument(
+        "--barge-in",
+        dest="pipeline.barge_in",
+        action="store_const",
+        const=True,
+        help="let speech interrupt the reply (use a headset: with speakers it hears itself)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        dest="metrics.port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (default 0: off; docs/monitoring.md)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        dest="metrics.host",
+        metavar="ADDR",
+        help="address the metrics bind (default 127.0.0.1; another is reachable from the network)",
+    )
+    parser.add_argument("-v", "--verbose", action="count", help="log more (-vv for debug)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree for every subcommand."""
+    from assistant.engine_cli import add_engine_parsers
+    from models.store import BUNDLED
+
+    parser = argparse.ArgumentParser(
+        prog="assistant",
+        description="Local low-latency voice assistant. Without a subcommand: the terminal UI.",
+    )
+    _common(parser)
+    # SUPPRESS on both: `assistant --export-dir X run` keeps X (the subparser's default would win).
+    parser.add_argument(
+        "--export-dir",
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="UI: where 'e' writes the latency report (default .)",
+    )
+    sub = parser.add_subparsers(dest="command")
+    chat = sub.add_parser("chat", help="text chat on stdin/stdout with a latency line per turn")
+    _common(chat)
+    run = sub.add_parser("run", help="the voice loop: in the UI, or headless (--no-tui, or --output)")
+    run.add_argument(
+        "--input", type=Path, metavar="WAV", help="answer the question in this WAV file, then exit"
+    )
+    run.add_argument("--output", type=Path, metavar="WAV", help="with --input: write the spoken reply here")
+    run.add_argument(
+        "--log", type=Path, metavar="JSONL", help="append one JSON line per turn (latency record)"
+    )
+    run.add_argument(
+        "--events", type=Path, metavar="JSONL", help="append every pipeline event, timestamped, one per line"
+    )
+    run.add_argument("--no-tui", action="store_true", help="live microphone and speaker, events on stdout")
+    run.add_argument(
+        "--export-dir",
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="UI: where 'e' writes the latency report",
+    )
+    _common(run)
+    devices = sub.add_parser("devices", help="list audio input and output devices")
+    _common(devices)
+    models = sub.add_parser("models", help="bundled models: fetch, list")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    fetch = models_sub.add_parser("fetch", help="download and convert the bundled models")
+    fetch.add_argument("names", nargs="*", help=f"default: all ({', '.join(BUNDLED)})")
+    fetch.add_argument("--force", action="store_true", help="fetch again even when present")
+    fetch.add_argument(
+        "--check",
+        action="store_true",
+        help="download nothing: hash every file of the fetched models against the sha256 recorded "
+        "at fetch time (exit status 1 when one is damaged or cannot be verified)",
+    )
+    _common(fetch)
+    listing = models_sub.add_parser("list", help="models in the store with sizes")
+    _common(listing)
+    add_engine_parsers(sub, _common)
+    sub.add_parser(
+        "bench", help="decoder benchmark: runs scripts/bench_decoder.py (bench --help)", add_help=False
+    )
+    return parser
+
+
+def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{"section.key": "--flag"}`` for every setting that has a flag (for error messages)."""
+    return {
+        a.dest: max(a.option_strings, key=len)
+        for a in parser._actions  # argparse has no public list of a parser's arguments
+        if "." in a.dest and a.option_strings
+    }
