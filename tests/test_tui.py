@@ -29,6 +29,7 @@ from assistant.events import (
     TranscriptReady,
     TurnDecision,
 )
+from assistant.gpu import GpuMonitor, GpuSample
 from assistant.latency import STAGES, TurnRecord, build_record, percentiles
 from assistant.session import SessionInfo, build_session
 from assistant.tui.app import AssistantApp
@@ -426,6 +427,66 @@ async def test_stats_table_marks_p999_rough_under_1000_turns_and_fits_80x24():
             assert re.search(row, screen), screen
             assert ("~ rough: P99.9 needs n ≥ 1000" in screen) == (n < 1000), screen
             assert "│ turn det " in screen and "turn detection" not in screen  # short names throughout
+
+
+class StandInGpu(GpuMonitor):
+    """The UI's GPU reader with samples given by the test: no GPU can exist on this machine.
+
+    ``sample()`` returns the next of ``samples`` (``None`` for no GPU) and counts the reads.
+    """
+
+    def __init__(self, samples: list[GpuSample | None]) -> None:
+        self.name = "H200"
+        self.samples = list(samples)
+        self.reads = 0
+
+    @property
+    def available(self) -> bool:
+        return self.samples[0] is not None
+
+    def sample(self) -> GpuSample | None:
+        self.reads += 1
+        return self.samples[min(self.reads, len(self.samples)) - 1]
+
+
+@pytest.mark.asyncio
+async def test_gpu_memory_trend_beside_voice_to_voice_only_with_a_gpu(monkeypatch):
+    """With a GPU, each status refresh (one read) adds to a memory sparkline beside voice-to-voice.
+
+    Without one, the statistics pane has no GPU trend and keeps the full voice-to-voice label.
+    """
+    monkeypatch.setattr("assistant.tui.app.GPU_POLL_S", 0.05)
+    gib = 2**30
+    samples = [GpuSample("H200", 0.73, (4 + i // 2) * gib, 140 * gib) for i in range(6)]
+    for gpu in (StandInGpu([None]), StandInGpu(samples)):
+        app = AssistantApp(None, gpu=False)
+        app.gpu = gpu
+        async with app.run_test(size=(80, 24)) as pilot:
+            await show_fixed_session(app, pilot)  # two voice turns: the voice-to-voice trend shows
+            if not gpu.available:
+                await pilot.pause(0.3)
+                screen = screen_text(app)
+                assert "voice-to-voice per turn:" in screen and "GPU mem" not in screen, screen
+                assert gpu.reads == 0
+                continue
+            await wait_until(pilot, lambda g=gpu: g.reads >= len(samples), 10)
+            await pilot.pause()
+            screen = screen_text(app)
+            assert "GPU mem 4.0-6.0 GiB" in screen, screen  # the plot's range, beside voice-to-voice:
+            (line,) = [row for row in screen.splitlines() if "GPU mem" in row]
+            assert "│ v2v per turn:" in line, screen  # on one line of the 80-column pane
+            spark = app.query_one("#gpu-spark")
+            assert spark.display and spark.region.width > 10
+            # One read per refresh: the trend has every reading, in order (the stand-in repeats
+            # its last sample), and the status line shows the same one.
+            stats = app.query_one(SessionStats)
+            trend = list(stats.gpu_memory_gib)
+            assert len(trend) == gpu.reads
+            assert trend[:6] == [4.0, 4.0, 5.0, 5.0, 6.0, 6.0] and set(trend[6:]) <= {6.0}
+            assert app.query_one(StatusBar).gpu == "H200 util 73% mem 6.0/140.0 GiB"
+            for _ in range(200):
+                stats.add_gpu_sample(samples[0])
+            assert len(stats.gpu_memory_gib) == 120  # bounded: the last 4 minutes
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
