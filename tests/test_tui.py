@@ -475,11 +475,11 @@ async def test_gpu_memory_trend_beside_voice_to_voice_only_with_a_gpu(monkeypatc
             assert "GPU mem 4.0-6.0 GiB" in screen, screen  # the plot's range, beside voice-to-voice:
             (line,) = [row for row in screen.splitlines() if "GPU mem" in row]
             assert "│ v2v per turn:" in line, screen  # on one line of the 80-column pane
-            spark = app.query_one("#gpu-spark")
-            assert spark.display and spark.region.width > 10
+            stats = app.query_one(SessionStats)
+            for spark in app.query("#v2v-spark, #gpu-spark"):  # all of each plot is on screen
+                assert spark.region.width > 10 and stats.content_region.contains_region(spark.region)
             # One read per refresh: the trend has every reading, in order (the stand-in repeats
             # its last sample), and the status line shows the same one.
-            stats = app.query_one(SessionStats)
             trend = list(stats.gpu_memory_gib)
             assert len(trend) == gpu.reads
             assert trend[:6] == [4.0, 4.0, 5.0, 5.0, 6.0, 6.0] and set(trend[6:]) <= {6.0}
