@@ -18,7 +18,9 @@ def speak(
     """Synthesize ``text`` with espeak-ng and return 16 kHz mono float32 samples."""
     raw, out = folder / f"{name}-raw.wav", folder / f"{name}.wav"
     subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", "-D", str(raw), "-r", str(SAMPLE_RATE_HZ), "-c", "1", "-b", "16", str(out)], check=True)
+    subprocess.run(
+        ["sox", "-D", str(raw), "-r", str(SAMPLE_RATE_HZ), "-c", "1", "-b", "16", str(out)], check=True
+    )
     return read_wav(out)
 
 
