@@ -22,6 +22,11 @@ class GpuSample:
     memory_used_bytes: int
     memory_total_bytes: int
 
+    def summary(self) -> str:
+        """``H200 util 73% mem 4.1/139.8 GiB``."""
+        used, total = self.memory_used_bytes / 2**30, self.memory_total_bytes / 2**30
+        return f"{self.name} util {100 * self.utilization:.0f}% mem {used:.1f}/{total:.1f} GiB"
+
 
 class GpuUnreadable(RuntimeError):
     """NVML answered with an error (the GPU went away, or the driver reset)."""
@@ -61,13 +66,18 @@ class GpuMonitor:
             raise GpuUnreadable(str(e)) from e
         return GpuSample(self.name, util.gpu / 100.0, int(mem.used), int(mem.total))
 
-    def read(self) -> str:
-        """``H200 util 73% mem 4.1/139.8 GiB``, or an empty string when unavailable."""
+    def reading(self) -> tuple[GpuSample | None, str]:
+        """One read for everything shown: the sample (``None`` without one) and its status line.
+
+        The line is ``H200 util 73% mem 4.1/139.8 GiB``, ``unreadable (why)`` when NVML
+        fails, or empty without a GPU.
+        """
         try:
             s = self.sample()
         except GpuUnreadable as e:
-            return f"unreadable ({e})"
-        if s is None:
-            return ""
-        used, total = s.memory_used_bytes / 2**30, s.memory_total_bytes / 2**30
-        return f"{s.name} util {100 * s.utilization:.0f}% mem {used:.1f}/{total:.1f} GiB"
+            return None, f"unreadable ({e})"
+        return s, "" if s is None else s.summary()
+
+    def read(self) -> str:
+        """``H200 util 73% mem 4.1/139.8 GiB``, or an empty string when unavailable."""
+        return self.reading()[1]

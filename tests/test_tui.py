@@ -29,12 +29,13 @@ from assistant.events import (
     TranscriptReady,
     TurnDecision,
 )
-from assistant.latency import build_record, percentiles
+from assistant.gpu import GpuMonitor, GpuSample
+from assistant.latency import STAGES, TurnRecord, build_record, percentiles
 from assistant.session import SessionInfo, build_session
 from assistant.tui.app import AssistantApp
 from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
 from assistant.tui.messages import PipelineEvent, SessionReady
-from assistant.tui.widgets import Conversation, StatusBar
+from assistant.tui.widgets import Conversation, SessionStats, StatusBar
 from tests.speech import speak
 from tests.tui_helpers import screen_text
 
@@ -214,9 +215,11 @@ async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, m
         stats = percentiles(app.records)
         assert "session: 3 turns" in screen
         ttft = stats["ttft_ms"]
-        row = f"TTFT\\s+{ttft['p50']:.0f}\\s+{ttft['p95']:.0f}\\s+{ttft['p99']:.0f}\\s+{ttft['max']:.0f}\\s+3"
-        assert re.search(row, screen), screen
-        assert re.search(r"endpointing\s+-\s+-\s+-\s+-\s+0", screen)
+        cells = "\\s+".join(f"{ttft[k]:.0f}" for k in ("p50", "p95", "p99"))
+        row = f"TTFT\\s+{cells}\\s+~{ttft['p999']:.0f}\\s+{ttft['max']:.0f}\\s+3"
+        assert re.search(row, screen), screen  # P99.9 of 3 turns: marked rough, and the footnote says why
+        assert "~ rough: P99.9 needs n ≥ 1000" in screen
+        assert re.search(r"endpointing\s+-\s+-\s+-\s+-\s+-\s+0", screen)
         await pilot.press("e")
         await pilot.pause()
         (csv_path,) = (tmp_path / "reports").glob("latency-*.csv")
@@ -224,6 +227,7 @@ async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, m
         assert len(rows) == 4 and rows[0].startswith("turn_id,transcript")
         report = json.loads(csv_path.with_suffix(".json").read_text())
         assert report["turns"] == 3 and report["percentiles"]["ttft_ms"]["p50"] == pytest.approx(ttft["p50"])
+        assert report["percentiles"]["ttft_ms"]["p999"] == pytest.approx(ttft["p999"])
         await pilot.press("q")
     assert app.return_code == 0
     left = [t for t in pipeline_threads() if t not in before]
@@ -392,6 +396,97 @@ async def test_main_screen_snapshot(size):
     assert "THINKING" in text and "smollm2-135m-instruct" in text  # turn 3 is being answered
     assert "Berlin is" in text and "q Quit" in text
     assert svg == path.read_text(), f"screen differs from {path}; UPDATE_SNAPSHOTS=1 to accept"
+
+
+def v2v_records(n: int) -> list[TurnRecord]:
+    """``n`` finished voice turns (only the metrics: the table reads nothing else)."""
+    metrics = dict.fromkeys(STAGES, 100.0)
+    return [
+        TurnRecord(i, metrics={**metrics, "voice_to_voice_ms": 1900.0 + i % 100}) for i in range(1, n + 1)
+    ]
+
+
+@pytest.mark.asyncio
+async def test_stats_table_marks_p999_rough_under_1000_turns_and_fits_80x24():
+    """P99.9 reads ``~`` with a footnote until n reaches 1000; every column stays on screen at 80x24."""
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()  # the breakpoint's layout
+        stats = app.query_one(SessionStats)
+        screen = screen_text(app)
+        assert re.search(r"stage\s+P50\s+P95\s+P99\s+P99\.9\s+max\s+n\s*│", screen), screen
+        for n in (999, 1000):
+            stats.update_records(v2v_records(n))
+            await pilot.pause()
+            screen = screen_text(app)
+            s = percentiles(v2v_records(n))["voice_to_voice_ms"]
+            cells = [f"{s[k]:.0f}" for k in ("p50", "p95", "p99", "p999", "max")]
+            rough = "~" if n < 1000 else ""
+            # 4-digit ms and counts: the long names would not fit, "v2v"; the count is the last column.
+            row = rf"│ v2v\s+{cells[0]}\s+{cells[1]}\s+{cells[2]}\s+{rough}{cells[3]}\s+{cells[4]}\s+{n}\s*│"
+            assert re.search(row, screen), screen
+            assert ("~ rough: P99.9 needs n ≥ 1000" in screen) == (n < 1000), screen
+            assert "│ turn det " in screen and "turn detection" not in screen  # short names throughout
+
+
+class StandInGpu(GpuMonitor):
+    """The UI's GPU reader with samples given by the test: no GPU can exist on this machine.
+
+    ``sample()`` returns the next of ``samples`` (``None`` for no GPU) and counts the reads.
+    """
+
+    def __init__(self, samples: list[GpuSample | None]) -> None:
+        self.name = "H200"
+        self.samples = list(samples)
+        self.reads = 0
+
+    @property
+    def available(self) -> bool:
+        return self.samples[0] is not None
+
+    def sample(self) -> GpuSample | None:
+        self.reads += 1
+        return self.samples[min(self.reads, len(self.samples)) - 1]
+
+
+@pytest.mark.asyncio
+async def test_gpu_memory_trend_beside_voice_to_voice_only_with_a_gpu(monkeypatch):
+    """With a GPU, each status refresh (one read) adds to a memory sparkline beside voice-to-voice.
+
+    Without one, the statistics pane has no GPU trend and keeps the full voice-to-voice label.
+    """
+    monkeypatch.setattr("assistant.tui.app.GPU_POLL_S", 0.05)
+    gib = 2**30
+    samples = [GpuSample("H200", 0.73, (4 + i // 2) * gib, 140 * gib) for i in range(6)]
+    for gpu in (StandInGpu([None]), StandInGpu(samples)):
+        app = AssistantApp(None, gpu=False)
+        app.gpu = gpu
+        async with app.run_test(size=(80, 24)) as pilot:
+            await show_fixed_session(app, pilot)  # two voice turns: the voice-to-voice trend shows
+            if not gpu.available:
+                await pilot.pause(0.3)
+                screen = screen_text(app)
+                assert "voice-to-voice per turn:" in screen and "GPU mem" not in screen, screen
+                assert gpu.reads == 0
+                continue
+            await wait_until(pilot, lambda g=gpu: g.reads >= len(samples), 10)
+            await pilot.pause()
+            screen = screen_text(app)
+            assert "GPU mem 4.0-6.0 GiB" in screen, screen  # the plot's range, beside voice-to-voice:
+            (line,) = [row for row in screen.splitlines() if "GPU mem" in row]
+            assert "│ v2v per turn:" in line, screen  # on one line of the 80-column pane
+            stats = app.query_one(SessionStats)
+            for spark in app.query("#v2v-spark, #gpu-spark"):  # all of each plot is on screen
+                assert spark.region.width > 10 and stats.content_region.contains_region(spark.region)
+            # One read per refresh: the trend has every reading, in order (the stand-in repeats
+            # its last sample), and the status line shows the same one.
+            trend = list(stats.gpu_memory_gib)
+            assert len(trend) == gpu.reads
+            assert trend[:6] == [4.0, 4.0, 5.0, 5.0, 6.0, 6.0] and set(trend[6:]) <= {6.0}
+            assert app.query_one(StatusBar).gpu == "H200 util 73% mem 6.0/140.0 GiB"
+            for _ in range(200):
+                stats.add_gpu_sample(samples[0])
+            assert len(stats.gpu_memory_gib) == 120  # bounded: the last 4 minutes
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

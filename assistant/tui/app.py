@@ -47,6 +47,7 @@ DRAIN_HZ = 20  # how often pipeline events reach the screen
 # each CUDA sync (H200: 227 tok/s in the UI against 493 without it; at 0.2 ms, 490).
 # docs/benchmarks.md has the runs (scripts/bench_ui.py).
 UI_SWITCH_INTERVAL_S = 0.0002
+GPU_POLL_S = 2.0  # the status bar's GPU line and the memory trend
 LOADER_JOIN_S = 120.0  # longest single load step waited for at quit (an ONNX export: ~15 s)
 
 Builder = Callable[[Callable[[Event], None], Progress, threading.Event], Session]
@@ -131,7 +132,7 @@ class AssistantApp(App[int]):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.action_quit_app)
         self.set_interval(1 / DRAIN_HZ, self._drain)
         if self.gpu is not None and self.gpu.available:
-            self.set_interval(2.0, self._poll_gpu)
+            self.set_interval(GPU_POLL_S, self._poll_gpu)
             self._poll_gpu()
         if self.build is not None:
             self.loader = threading.Thread(target=self._load, name="session-loader", daemon=True)
@@ -139,8 +140,12 @@ class AssistantApp(App[int]):
             self.set_interval(0.5, self._tick_load_step)
 
     def _poll_gpu(self) -> None:
-        if self.gpu is not None:
-            self.query_one(StatusBar).set(gpu=self.gpu.read())
+        """One NVML read: the status line and the memory trend show the same sample."""
+        if self.gpu is not None and self.is_running:  # not while the screen is taken down
+            sample, line = self.gpu.reading()
+            self.query_one(StatusBar).set(gpu=line)
+            if sample is not None:
+                self.query_one(SessionStats).add_gpu_sample(sample)
 
     def _load(self) -> None:
         """Loader thread: build the session; report progress and the result as messages."""
