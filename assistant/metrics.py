@@ -36,7 +36,7 @@ from assistant.events import AudioDeviceLost, BargeIn, Event, SpeculationDiscard
 from assistant.gpu import GpuMonitor, GpuUnreadable
 from assistant.latency import STAGES, TurnRecord
 from engines.bounds import bounds
-from engines.progress import CACHES, EngineProgress
+from engines.progress import CACHES, REBUILD_REASONS, EngineProgress
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -192,9 +192,18 @@ class Metrics:
             ["cache", "result"],
             registry=r,
         )
-        for cache in CACHES:  # zeros are shown, so a rate() has a series from the start
+        # Zeros are shown for the label values known in advance: a counter series that first
+        # appears at 1 is invisible to rate() and increase() (they need two samples), so without
+        # its zero the first turn of a kind, or the first device loss of a run, would not count.
+        for cache in CACHES:
             for result in ("hit", "miss"):
                 self.lookups.labels(cache, result)
+        for kind in ("spoken", "typed"):
+            self.turns.labels(kind)
+        for kind in ("input", "output"):
+            self.device_losses.labels(kind)
+        for reason in REBUILD_REASONS:
+            self.rebuilds.labels(reason)
         self.info = Info(
             "assistant_backend", "What decodes: backend, precision, models, TensorRT, GPU", registry=r
         )

@@ -48,6 +48,9 @@ class EngineProgress:
 CACHES = ("onnx_export", "engine", "timing_cache", "runtime_cache", "compile_cache")
 """The caches that make a second start fast; the metrics count a hit or a miss of each."""
 
+REBUILD_REASONS = ("unusable", "incompatible")
+"""Why a ``rebuild`` happened: the cache check refused the entry, or TensorRT refused the engine."""
+
 
 ProgressCallback = Callable[[EngineProgress], None]
 
@@ -57,6 +60,7 @@ def emit(
 ) -> None:
     """Send a stage event (not a TensorRT phase) to ``callback`` if there is one."""
     assert cache in ("", *CACHES), cache
+    assert stage != "rebuild" or reason in REBUILD_REASONS, reason
     if callback is not None:
         callback(EngineProgress(stage, message, t_ns=time.monotonic_ns(), cache=cache, reason=reason))
 

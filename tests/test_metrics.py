@@ -141,7 +141,7 @@ def test_a_host_other_than_loopback_is_served_with_a_warning(caplog):
     try:
         assert "reachable from the network" in caplog.text
         assert listening_addresses(port) == {"0.0.0.0"}
-        assert ("assistant_turns_total", (("kind", "typed"),)) not in scrape(port)  # no turn yet
+        assert scrape(port)[("assistant_turns_total", (("kind", "typed"),))] == 0  # no turn yet
     finally:
         server.shutdown()
         server.server_close()
