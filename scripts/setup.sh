@@ -15,9 +15,10 @@ dev=0
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # System packages: PortAudio for sounddevice, espeak-ng for pyttsx3; the tests also use a
-# private PulseAudio as virtual microphone/speaker, espeak-ng/sox for utterances, tmux for the UI.
+# private PulseAudio as virtual microphone/speaker, espeak-ng/sox for utterances, tmux for the UI,
+# and Prometheus with promtool for docs/monitoring/ (tests/test_prometheus.py).
 apt_pkgs=(libportaudio2 libespeak-ng1 espeak-ng alsa-utils)
-(( dev )) && apt_pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins sox tmux)
+(( dev )) && apt_pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins sox tmux prometheus)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
