@@ -11,11 +11,11 @@ import time
 import wave
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import numpy as np
 
-from assistant.audio import FileSink
+from assistant.audio import FileSink, Microphone, Speaker
 from assistant.devices import device_notice
 from assistant.events import (
     AudioDeviceLost,
@@ -41,6 +41,8 @@ from assistant.turn import TurnOptions
 from assistant.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
 
 logger = logging.getLogger(__name__)
+
+LISTENING_WAIT_NS = 2_000_000_000  # at most this long for the microphone's first audio at start
 
 
 class NoSpeechInFile(ValueError):
@@ -163,8 +165,8 @@ class ConsoleReporter:
 
 def run_live(
     pipeline: VoicePipeline,
-    mic: Any,
-    speaker: Any,
+    mic: Microphone,
+    speaker: Speaker,
     endpointer: Endpointer,
     turn: TurnOptions,
     out: TextIO = sys.stdout,
@@ -193,12 +195,17 @@ def run_live(
         done.set()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    loop.start()
+    # "listening" once the microphone delivers audio (a stream can open on a sound server that
+    # is going away); one that stays silent is the device watch's to report, soon after.
+    deadline_ns = time.monotonic_ns() + LISTENING_WAIT_NS
+    while not mic.first_beat_ns and not mic.lost.is_set() and time.monotonic_ns() < deadline_ns:
+        time.sleep(0.02)
     print(
         f"listening on {mic.name!r}, speaking on {speaker.name!r}; type a line to ask in text; Ctrl-C quits",
         file=out,
         flush=True,
     )
-    loop.start()
     try:
         while not done.wait(0.2):
             pass
