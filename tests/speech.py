@@ -118,3 +118,21 @@ def missing_numbers(text: str, last: int = COUNT) -> list[int]:
     """The numbers 1..``last`` that ``text`` lacks, as digits ("17", "17th") or words ("seventeen")."""
     text = text.lower().replace("-", " ")
     return [n for n in range(1, last + 1) if not re.search(_number_pattern(n), text)]
+
+
+def _content_words(sentence: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", sentence.lower()) if len(w) >= 4}
+
+
+def lost_sentences(text: str, last: int = COUNT) -> list[int]:
+    """The numbered sentences 1..``last`` of which ``text`` holds neither the number nor most words.
+
+    Whisper mishears a word now and then ("number twelve" as "humbled well" on some CPUs);
+    that is not a loss. Speech that was dropped loses the number and the sentence together.
+    """
+    heard = set(re.findall(r"[a-z]+", text.lower()))
+    return [
+        n
+        for n in missing_numbers(text, last)
+        if len(_content_words(FILLER[n - 1]) & heard) * 2 <= len(_content_words(FILLER[n - 1]))
+    ]

@@ -25,7 +25,7 @@ import pytest
 from assistant.asr import WINDOW_S, quiet_clips
 from assistant.events import AudioStarted, Event, SpeechEnded, TurnHeld
 from assistant.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
-from tests.speech import COUNT, missing_numbers, numbered_sentences, silence, speak, trim
+from tests.speech import COUNT, lost_sentences, numbered_sentences, silence, speak, trim
 from tests.test_turn_taking import converse, live_session  # noqa: F401 (a fixture)
 
 
@@ -71,7 +71,7 @@ def test_a_two_minute_recording_is_transcribed_whole_in_file_mode(long_speech, t
     assert out.returncode == 0, out.stderr[-2000:]
     (line,) = log.read_text().splitlines()  # all of it is one turn, answered once
     transcript = json.loads(line)["transcript"]
-    assert missing_numbers(transcript) == [], f"numbers missing from the transcript: {transcript}"
+    assert lost_sentences(transcript) == [], f"sentences lost from the transcript: {transcript}"
 
 
 def test_long_audio_is_cut_into_clips_of_one_window_at_quiet_points(long_speech):
@@ -168,13 +168,13 @@ def test_speech_cut_for_length_is_held_and_answered_once_as_one_question(headles
     for utterance in last_end.values():
         session.pipeline.run_turn(utterance, None, threading.Event())
     heard = " ".join(r.transcript for r in session.pipeline.records)
-    assert missing_numbers(heard) == [], f"numbers missing across the turns: {heard}"
+    assert lost_sentences(heard) == [], f"sentences lost across the turns: {heard}"
     (record,) = session.pipeline.records  # one answer, to all of it
     cut_turns = [turn for turn, e in last_end.items() if e.cut]
     assert [e.turn_id for e in events if isinstance(e, TurnHeld)] == cut_turns
     assert record.held_turns == cut_turns and record.reply
     (turn,) = session.dialogue.turns
-    assert missing_numbers(turn.user) == []  # the history holds the whole question
+    assert lost_sentences(turn.user) == []  # the history holds the whole question
 
 
 # --- live, through the virtual microphone --------------------------------------------------
@@ -200,7 +200,7 @@ def test_live_long_speech_is_cut_without_loss_and_answered_after_the_user_stops(
     records, events, turns = converse(live_session, pulse, tmp_path, audio, endpointer, turn, "long-live")
     ended = [e for e in events if isinstance(e, SpeechEnded)]
     heard = " ".join(r.transcript for r in records)
-    assert missing_numbers(heard, last) == [], f"numbers missing across the turns: {heard}"
+    assert lost_sentences(heard, last) == [], f"sentences lost across the turns: {heard}"
     assert sum(e.cut for e in ended) >= 3
     last_speech_ns = max(e.speech_end_t_ns for e in ended)
     started = [e for e in events if isinstance(e, AudioStarted)]
