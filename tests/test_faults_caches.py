@@ -86,11 +86,17 @@ def llm_record(model_dir: Path, tmp_path_factory) -> dict:
 
 
 def store_copy(root: Path, model_dir: Path, record: dict | None) -> Path:
-    """A store under ``root`` holding SmolLM2 (linked); ``record``: as fetched by this version."""
+    """A store under ``root`` holding SmolLM2 (linked).
+
+    ``record``: the file record, as this version fetches it; ``None``: none, as an older
+    version fetched it (whatever the store the tests run on was fetched by).
+    """
     folder = link_model(model_dir, root / "models" / DEFAULT_LLM)
-    if record is not None:
-        manifest = json.loads((model_dir / MANIFEST).read_text())
-        replace(folder / MANIFEST, json.dumps({**manifest, "files": record}).encode())
+    manifest = json.loads((model_dir / MANIFEST).read_text())
+    manifest.pop("files", None)
+    replace(
+        folder / MANIFEST, json.dumps(manifest if record is None else {**manifest, "files": record}).encode()
+    )
     return folder
 
 
