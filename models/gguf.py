@@ -1,0 +1,196 @@
+"""GGUF files (llama.cpp, Ollama): checked, then de-quantized once into a safetensors folder.
+
+:func:`convert_gguf` is the one conversion, used for the bundled SmolLM2 (``models.store``)
+and for any GGUF a user names (``models.gguf_import``). It reads the file with the ``gguf``
+package first, so a file that is no GGUF, is cut short, holds an architecture the decoder
+does not implement or a quantisation that cannot be de-quantized is refused in well under a
+second, before transformers spends minutes on it. The weights are written in fp32: exactly the
+values transformers' own GGUF load gives, whatever the quantisation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from models import config as model_config
+from models.config import DecoderConfig, InvalidConfig, UnsupportedModel
+from models.weights import CorruptModel
+
+logger = logging.getLogger(__name__)
+
+Step = Callable[[str, float], None]
+"""``step(what, fraction_done)``: the conversion's progress, 0 to 1."""
+
+MAGIC = b"GGUF"
+GGUF_HINT = "re-download it, or export it again with llama.cpp (convert_hf_to_gguf.py)"
+
+# llama.cpp's general.architecture -> the transformers model_type the conversion writes.
+# (A llama file whose general.name says Mistral becomes "mistral", as transformers does.)
+ARCH_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+
+
+class UnsupportedQuantization(UnsupportedModel):
+    """The GGUF holds tensors in a type that cannot be de-quantized here."""
+
+
+@dataclass(frozen=True)
+class GgufInfo:
+    """What :func:`inspect_gguf` read from a file's header."""
+
+    path: Path
+    architecture: str  # general.architecture, as llama.cpp writes it
+    model_type: str  # the transformers model_type it converts to
+    name: str
+    tensor_types: dict[str, int]  # ggml type name -> how many tensors have it
+    parameters: int  # elements of all tensors
+
+    @property
+    def fp32_bytes(self) -> int:
+        """Size of the converted weights (fp32), the store space a conversion needs."""
+        return 4 * self.parameters
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+@cache
+def dequantizable_types() -> tuple[str, ...]:
+    """Names of the ggml tensor types the ``gguf`` package de-quantizes (asked, not listed)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    names = []
+    for qtype in GGMLQuantizationType:
+        block_elems, block_bytes = GGML_QUANT_SIZES.get(qtype, (0, 0))
+        if not block_bytes:
+            continue
+        try:
+            dequantize(np.zeros((1, block_bytes), dtype=np.uint8), qtype)
+        except NotImplementedError:
+            continue
+        except Exception:  # noqa: BLE001, S112 (any other failure: this type does not work here)
+            continue
+        names.append(qtype.name)
+    return tuple(names)
+
+
+def _model_type(architecture: str, name: str) -> str:
+    if architecture == "llama" and "mistral" in name.lower():
+        return "mistral"
+    return ARCH_MODEL_TYPES.get(architecture, architecture)
+
+
+def inspect_gguf(path: Path) -> GgufInfo:
+    """Read ``path``'s header and tensor table; refuse what cannot become a decoder here.
+
+    Memory-maps the file: a few milliseconds, whatever its size.
+
+    Raises:
+        CorruptModel: Not a GGUF file, or a damaged or truncated one.
+        UnsupportedModel: An architecture the decoder does not implement (names the supported).
+        UnsupportedQuantization: Tensors of a type that cannot be de-quantized (names what works).
+    """
+    from gguf import GGUFReader
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(len(MAGIC))
+    if head != MAGIC:
+        what = "an empty file" if size == 0 else f"its first bytes are {head!r}, not {MAGIC!r}"
+        raise CorruptModel(f"{path} is not a GGUF file ({what}); {GGUF_HINT}")
+    try:
+        reader = GGUFReader(path)
+        tensors = reader.tensors
+        end = max((t.data_offset + int(t.n_bytes) for t in tensors), default=0)
+        architecture = str(_field(reader, "general.architecture") or "")
+        name = str(_field(reader, "general.name") or path.stem)
+    except Exception as e:  # the reader fails with ValueError, IndexError, UnicodeDecodeError...
+        raise CorruptModel(
+            f"{path} is a damaged or truncated GGUF file ({size:,} bytes; the reader stopped at: "
+            f"{type(e).__name__}: {e}); {GGUF_HINT}"
+        ) from e
+    if end > size:
+        raise CorruptModel(
+            f"{path} is truncated: its tensors need {end:,} bytes, it has {size:,}; {GGUF_HINT}"
+        )
+    model_type = _model_type(architecture, name)
+    supported = model_config.SUPPORTED_MODEL_TYPES  # read now: families added later count
+    if model_type not in supported:
+        raise UnsupportedModel(
+            f"{path} holds a {architecture or 'unnamed'!r} model (model_type {model_type!r}), which this "
+            f"decoder does not implement; supported: {', '.join(supported)} "
+            "(use a GGUF of one of those families)"
+        )
+    types = Counter(t.tensor_type.name for t in tensors)
+    works = dequantizable_types()
+    bad = sorted(t for t in types if t not in works and t not in ("F32", "F16"))
+    if bad:
+        raise UnsupportedQuantization(
+            f"{path} stores tensors as {', '.join(bad)}, which cannot be de-quantized (the gguf package "
+            f"{_gguf_version()} has no de-quantizer for it); use a GGUF quantised as one of F32, F16, "
+            f"{', '.join(works)} (Q4_K_M, Q8_0 and F16 are the common ones)"
+        )
+    parameters = sum(int(t.n_elements) for t in tensors)
+    return GgufInfo(path, architecture, model_type, name, dict(types), parameters)
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
+
+
+def convert_gguf(gguf: Path, dest: Path, step: Step) -> GgufInfo:
+    """De-quantize ``gguf`` into a new Hugging Face folder ``dest`` (fp32 safetensors + tokenizer).
+
+    ``dest`` must not exist; on failure it may hold part of the output, so write into a
+    temporary folder and rename it (as the store does).
+
+    Raises:
+        CorruptModel, UnsupportedModel, UnsupportedQuantization: From :func:`inspect_gguf`, or
+            transformers failed on a file that looked intact.
+    """
+    step(f"reading {gguf.name}", 0.0)
+    info = inspect_gguf(gguf)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(info.tensor_types.items()))
+    step(f"de-quantizing {sum(info.tensor_types.values())} tensors ({kinds}) of {gguf.name}", 0.05)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (OSError, MemoryError):
+        raise
+    except Exception as e:  # transformers' GGUF loader raises ValueError, KeyError, RuntimeError...
+        raise CorruptModel(
+            f"transformers could not convert {gguf} ({type(e).__name__}: {e}); the file may be damaged "
+            f"or of a layout transformers does not read: {GGUF_HINT}"
+        ) from e
+    # The weights are de-quantized already; a plain folder must not claim to be GGUF.
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (typed as non-optional)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    step(f"writing {info.fp32_bytes / 1e6:,.0f} MB of fp32 safetensors", 0.7)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    try:
+        DecoderConfig.from_dir(dest)
+    except InvalidConfig as e:
+        raise UnsupportedModel(f"{gguf} converted to a config this decoder cannot use: {e}") from e
+    if not (dest / "tokenizer.json").is_file() or not getattr(tokenizer, "chat_template", None):
+        raise UnsupportedModel(
+            f"{gguf} has no chat template (tokenizer.chat_template); use an instruct/chat GGUF"
+        )
+    logger.info("converted %s into %s", gguf, dest)
+    step("converted", 1.0)
+    return info
