@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -33,8 +33,9 @@ def _vocab() -> tuple[list[str], list[int]]:
 def write_tiny_gguf(path: Path, arch: str = "llama", *, seed: int = 0, quant: str = "Q8_0") -> Path:
     """A random ``arch`` (``llama`` or ``qwen2``) decoder with its tokenizer, written to ``path``.
 
-    The 2-D weights are stored as ``quant`` (``Q8_0``, ``F16`` or ``F32``), the norms as F32,
-    as llama.cpp's quantizer leaves them.
+    The 2-D weights are stored as ``quant`` (a ggml type name: ``Q8_0``, ``F16``...; one the
+    ``gguf`` package cannot quantize to is written as blocks of zeros), the norms as F32, as
+    llama.cpp's quantizer leaves them. Another ``arch`` name writes the same tensors under it.
     """
     rng = np.random.default_rng(seed)
     tokens, types = _vocab()
@@ -64,7 +65,12 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, seed: int = 0, quant: st
 
     def matrix(name: str, rows: int, cols: int) -> None:
         data = (rng.standard_normal((rows, cols)) * 0.5).astype(np.float32)
-        writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+        try:
+            packed = quantize(data, qtype)
+        except NotImplementedError:  # a type gguf cannot write either: blocks of zeros
+            block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+            packed = np.zeros((rows, cols // block_elems * block_bytes), dtype=np.uint8)
+        writer.add_tensor(name, packed, raw_dtype=qtype)
 
     def vector(name: str, size: int, scale: float = 0.1, base: float = 1.0) -> None:
         writer.add_tensor(name, (base + scale * rng.standard_normal(size)).astype(np.float32))
