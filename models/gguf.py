@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -54,6 +55,39 @@ class GgufInfo:
     def fp32_bytes(self) -> int:
         """Size of the converted weights (fp32), the store space a conversion needs."""
         return 4 * self.parameters
+
+
+class _Truncated(Exception):
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+
+def _reader(path: Path) -> Any:
+    """A ``gguf.GGUFReader`` of ``path`` that raises :class:`_Truncated` when tensor data is cut off.
+
+    The reader itself fails there with numpy's "cannot reshape array ..."; the end of the
+    tensor data is checked first, in the hook where the reader has just read the tensor table.
+    """
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    class Reader(GGUFReader):  # type: ignore[misc]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            end = 0
+            for field in fields:
+                dims, raw_type, offset = field.parts[3], field.parts[4], field.parts[5]
+                block_elems, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_type[0]))]
+                n_bytes = int(np.prod(dims)) * block_bytes // block_elems
+                end = max(end, int(start_offs) + int(offset[0]) + n_bytes)
+            if end > len(self.data):
+                raise _Truncated(end)
+            super()._build_tensors(start_offs, fields)
+
+    return Reader(path)
+
+
+def _truncated(path: Path, end: int, size: int) -> str:
+    return f"{path} is truncated: its tensors need {end:,} bytes, it has {size:,}; {GGUF_HINT}"
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -99,8 +133,6 @@ def inspect_gguf(path: Path) -> GgufInfo:
         UnsupportedModel: An architecture the decoder does not implement (names the supported).
         UnsupportedQuantization: Tensors of a type that cannot be de-quantized (names what works).
     """
-    from gguf import GGUFReader
-
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(len(MAGIC))
@@ -108,20 +140,20 @@ def inspect_gguf(path: Path) -> GgufInfo:
         what = "an empty file" if size == 0 else f"its first bytes are {head!r}, not {MAGIC!r}"
         raise CorruptModel(f"{path} is not a GGUF file ({what}); {GGUF_HINT}")
     try:
-        reader = GGUFReader(path)
+        reader = _reader(path)
         tensors = reader.tensors
         end = max((t.data_offset + int(t.n_bytes) for t in tensors), default=0)
         architecture = str(_field(reader, "general.architecture") or "")
         name = str(_field(reader, "general.name") or path.stem)
+    except _Truncated as e:
+        raise CorruptModel(_truncated(path, e.end, size)) from None
     except Exception as e:  # the reader fails with ValueError, IndexError, UnicodeDecodeError...
         raise CorruptModel(
             f"{path} is a damaged or truncated GGUF file ({size:,} bytes; the reader stopped at: "
             f"{type(e).__name__}: {e}); {GGUF_HINT}"
         ) from e
     if end > size:
-        raise CorruptModel(
-            f"{path} is truncated: its tensors need {end:,} bytes, it has {size:,}; {GGUF_HINT}"
-        )
+        raise CorruptModel(_truncated(path, end, size))
     model_type = _model_type(architecture, name)
     supported = model_config.SUPPORTED_MODEL_TYPES  # read now: families added later count
     if model_type not in supported:
@@ -149,6 +181,44 @@ def _gguf_version() -> str:
     return version("gguf")
 
 
+DEQUANTIZE_SPAN = (0.1, 0.7)  # the part of a conversion's progress the de-quantizing fills
+
+
+@contextmanager
+def _tensor_progress(step: Step, kinds: str, span: tuple[float, float]) -> Iterator[None]:
+    """Report transformers' GGUF de-quantizing, tensor by tensor, through ``step``.
+
+    transformers shows it as a console tqdm bar only; for the UI's load bar its loader's
+    ``tqdm`` is swapped, while this runs, for one that also calls ``step``. Without that
+    attribute (another transformers version) the step stays coarse.
+    """
+    try:
+        import transformers.modeling_gguf_pytorch_utils as loader
+    except ImportError:
+        yield
+        return
+    original = getattr(loader, "tqdm", None)
+    if not isinstance(original, type):
+        yield
+        return
+    start, stop = span
+
+    class Reporting(original):  # type: ignore[misc, valid-type]
+        def __iter__(self) -> Iterator[Any]:
+            total = self.total or 1
+            for done, item in enumerate(super().__iter__()):
+                if done % max(1, total // 100) == 0:
+                    what = f"de-quantizing tensor {done + 1}/{total} ({kinds})"
+                    step(what, start + (stop - start) * done / total)
+                yield item
+
+    loader.tqdm = Reporting
+    try:
+        yield
+    finally:
+        loader.tqdm = original
+
+
 def convert_gguf(gguf: Path, dest: Path, step: Step) -> GgufInfo:
     """De-quantize ``gguf`` into a new Hugging Face folder ``dest`` (fp32 safetensors + tokenizer).
 
@@ -165,10 +235,14 @@ def convert_gguf(gguf: Path, dest: Path, step: Step) -> GgufInfo:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(info.tensor_types.items()))
-    step(f"de-quantizing {sum(info.tensor_types.values())} tensors ({kinds}) of {gguf.name}", 0.05)
     try:
+        step(f"building the tokenizer of {gguf.name}", 0.02)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        step(f"de-quantizing {sum(info.tensor_types.values())} tensors ({kinds})", 0.1)
+        with _tensor_progress(step, kinds, DEQUANTIZE_SPAN):
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
     except (OSError, MemoryError):
         raise
     except Exception as e:  # transformers' GGUF loader raises ValueError, KeyError, RuntimeError...

@@ -21,7 +21,7 @@ from assistant.config import DecoderSettings, ModelSettings
 from assistant.llm import load_llm, resolve_llm_dir
 from engines.progress import EngineProgress
 from models.config import SUPPORTED_MODEL_TYPES, UnsupportedModel
-from models.store import FetchError
+from models.store import FetchError, sha256_file
 from models.weights import CorruptModel, ModelNotFound
 from tests.gguf_files import write_tiny_gguf
 
@@ -80,6 +80,9 @@ def test_converted_once_then_found_by_file_and_by_folder_without_hashing(tmp_pat
     assert "convert" in stages(events) and "cached" not in stages(events)
     assert any(e.message.startswith("hashing") for e in events)
     assert events[-1].step == events[-1].num_steps == 100 and events[-1].finished
+    assert any(e.message.startswith("de-quantizing tensor 1/21") for e in events)  # the bar moves per tensor
+    steps = [e.step for e in events if not e.message.startswith("hashing")]
+    assert steps == sorted(steps)
     assert first.parent == store / "models" and first.name.startswith("Tiny-Model.Q8_0-")
     assert models_in(store) == [first.name]  # no temporary folder left behind
     again, events = resolve(store, gguf)
@@ -199,3 +202,18 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path):
     )
     assert out.returncode == 2
     assert f"error: {bad} is truncated" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_killed_conversion_leaves_a_hidden_folder_that_the_next_one_removes(tmp_path):
+    from models.gguf_import import OWNER, store_name
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    store = tmp_path / "store"
+    pid = [sys.executable, "-c", "import os; print(os.getpid())"]
+    dead = subprocess.run(pid, capture_output=True, text=True)  # a process id that has ended
+    abandoned = store / "models" / f".{store_name(gguf, sha256_file(gguf))}-killed"
+    abandoned.mkdir(parents=True)
+    (abandoned / OWNER).write_text(dead.stdout.strip())
+    (abandoned / "out").mkdir()  # what a conversion killed with SIGKILL or SIGHUP leaves
+    folder, _ = resolve(store, gguf)
+    assert models_in(store) == [folder.name]
