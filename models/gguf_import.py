@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 HASHES = "gguf-hashes.json"
 OWNER = "owner.pid"  # in a conversion's temporary folder: the process writing it
+OLLAMA_BLOB = re.compile(r"sha256-[0-9a-f]{64}")  # ~/.ollama/models/blobs/sha256-<hex>
 SPLIT = re.compile(r"-\d{5}-of-\d{5}$")  # llama.cpp's split files: model-00001-of-00003.gguf
 HEADROOM_BYTES = 64 << 20  # tokenizer, config and safetensors headers besides the weights
 
@@ -39,13 +40,15 @@ HEADROOM_BYTES = 64 << 20  # tokenizer, config and safetensors headers besides t
 def find_gguf(path: Path) -> Path | None:
     """The GGUF file ``path`` names: itself, or the one ``.gguf`` in a folder; else ``None``.
 
-    A folder with a ``config.json`` is a Hugging Face folder, not a GGUF one.
+    Any file is taken for a GGUF, whatever its name (Ollama's blobs have none; a file that is
+    no GGUF is named so by :func:`models.gguf.inspect_gguf`). A folder with a ``config.json``
+    is a Hugging Face folder, not a GGUF one.
 
     Raises:
         ModelNotFound: A folder holds several GGUF files (lists them), or split GGUF parts.
     """
     if path.is_file():
-        return path if path.suffix.lower() == ".gguf" else None
+        return path
     if not path.is_dir() or (path / "config.json").is_file():
         return None
     found = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
@@ -106,7 +109,8 @@ class _HashRecord:
 
 def store_name(gguf: Path, sha256: str) -> str:
     """The converted folder's name: ``<stem>-<first 12 hex digits of the sha256>``."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", gguf.stem).strip(".-") or "model"
+    stem = "ollama-blob" if OLLAMA_BLOB.fullmatch(gguf.name) else gguf.stem
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip(".-") or "model"
     return f"{stem}-{sha256[:12]}"
 
 

@@ -101,6 +101,14 @@ def test_a_changed_file_is_noticed_and_converted_anew(tmp_path):
     assert models_in(store) == sorted([first.name, second.name])
 
 
+def test_an_ollama_blob_without_a_gguf_name_is_converted(tmp_path):
+    blobs = tmp_path / "models" / "blobs"
+    blobs.mkdir(parents=True)
+    blob = write_tiny_gguf(blobs / f"sha256-{'ab' * 32}")
+    folder, events = resolve(tmp_path / "store", blob)
+    assert folder.name.startswith("ollama-blob-") and "convert" in stages(events)
+
+
 def test_a_folder_with_several_gguf_files_lists_them(tmp_path):
     for name in ("a.gguf", "b.gguf"):
         write_tiny_gguf(tmp_path / name)
@@ -120,6 +128,7 @@ def test_a_missing_gguf_file_is_named(tmp_path):
         ("cut in the header", r"is a damaged or truncated GGUF file .*; re-download it"),
         ("not a gguf", r"is not a GGUF file \(its first bytes are b'PK\\x03\\x04', not b'GGUF'\)"),
         ("empty", r"is not a GGUF file \(an empty file\)"),
+        ("a text file", r"notes\.txt is not a GGUF file \(its first bytes are b'shop'"),
     ],
 )
 def test_a_damaged_gguf_is_refused_with_the_fix_and_nothing_stored(tmp_path, damage, message):
@@ -129,8 +138,9 @@ def test_a_damaged_gguf_is_refused_with_the_fix_and_nothing_stored(tmp_path, dam
         "cut in the header": data[:3000],
         "not a gguf": b"PK\x03\x04" + data[4:],
         "empty": b"",
+        "a text file": b"shopping list: eggs",
     }[damage]
-    bad = tmp_path / "bad.gguf"
+    bad = tmp_path / ("notes.txt" if damage == "a text file" else "bad.gguf")
     bad.write_bytes(damaged)
     with pytest.raises(CorruptModel, match=message):
         resolve(tmp_path / "store", bad)
