@@ -151,11 +151,20 @@ def stored_gguf_dir(gguf: Path, store: ModelStore, step: Step) -> Path | None:
     """
     if not gguf.is_file():
         raise ModelNotFound(f"no such GGUF file {gguf}; check the path given to --model")
-    name = store_name(gguf, _HashRecord(store.root).sha256(gguf, step))
-    if not store.is_present(name):
-        return None
-    check_model_dir(store.path(name))
-    return store.path(name)
+    sha256 = _HashRecord(store.root).sha256(gguf, step)
+    for folder in sorted(store.models_dir.glob(f"*-{sha256[:12]}")):  # any name: a copy elsewhere
+        if store.is_present(folder.name) and _manifest(folder).get("gguf_sha256") == sha256:
+            check_model_dir(folder)
+            return folder
+    return None
+
+
+def _manifest(folder: Path) -> dict[str, object]:
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:

@@ -89,6 +89,10 @@ def test_converted_once_then_found_by_file_and_by_folder_without_hashing(tmp_pat
     assert again == first and stages(events) == ["cached"]  # no conversion, no hashing
     by_folder, events = resolve(store, folder)
     assert by_folder == first and stages(events) == ["cached"]
+    copy = shutil.copy2(gguf, tmp_path / "same-bytes.gguf")  # keyed by content, not by name
+    by_copy, events = resolve(store, copy)
+    assert by_copy == first and stages(events)[-1] == "cached"
+    assert [e.message.split()[0] for e in events[:-1]] == ["hashing"]  # a new path: hashed, not converted
 
 
 def test_a_changed_file_is_noticed_and_converted_anew(tmp_path):
