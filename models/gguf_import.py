@@ -218,6 +218,11 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
         raise
     except OSError as e:
         raise _store_error(store, e, need) from e
+    except Exception as e:
+        if not any(s in str(e) for s in ("No space left", "os error 28")):
+            raise
+        # safetensors reports a full disk as SafetensorError ("... (os error 28)"), not OSError.
+        raise _store_error(store, OSError(errno.ENOSPC, str(e)), need) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

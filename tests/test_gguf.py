@@ -177,14 +177,33 @@ def test_an_unwritable_store_is_named_with_the_fix(tmp_path):
         resolve(store, gguf)
 
 
-def test_no_space_in_the_store_is_named_before_converting(tmp_path, monkeypatch):
-    """A full disk is faked (``shutil.disk_usage``): filling a real one is no option on a shared machine."""
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage._replace(free=1000))
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 420 KiB file system (tmpfs) for the store; skipped where mounting is not allowed."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=420k", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_no_space_in_the_store_is_named_before_converting(tmp_path, small_disk):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")  # ~0.4 MB of fp32 weights + headroom: too big
     with pytest.raises(FetchError, match=r"no space left in .* free some space, or .*--store DIR"):
-        resolve(tmp_path / "store", gguf)
-    assert models_in(tmp_path / "store") == []
+        resolve(small_disk / "store", gguf)
+    assert models_in(small_disk / "store") == []
+
+
+def test_a_disk_that_fills_up_while_writing_is_named_and_nothing_is_left(tmp_path, small_disk, monkeypatch):
+    """The check before converting is loosened (its headroom), so that the write itself fills the disk."""
+    monkeypatch.setattr("models.gguf_import.HEADROOM_BYTES", -(1 << 20))
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    with pytest.raises(FetchError, match=r"no space left in .* free some space, or .*--store DIR"):
+        resolve(small_disk / "store", gguf)
+    assert models_in(small_disk / "store") == []
 
 
 def test_an_interrupted_conversion_leaves_nothing_and_the_next_start_converts(tmp_path):
