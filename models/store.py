@@ -277,7 +277,7 @@ class ModelStore:
             )
         problem = check_files(folder, full=True)
         if problem:
-            return False, f"{name}: DAMAGED: {problem}; run 'assistant models fetch --force {name}'"
+            return False, f"{name}: DAMAGED: {problem}; {repair_hint(folder)}"
         return True, f"{name}: intact ({len(files)} files match their sha256)"
 
     def fetch(self, name: str, *, force: bool = False, progress: Callable[[str], None] = print) -> Path:
