@@ -250,3 +250,20 @@ def test_a_killed_conversion_leaves_a_hidden_folder_that_the_next_one_removes(tm
     (abandoned / "out").mkdir()  # what a conversion killed with SIGKILL or SIGHUP leaves
     folder, _ = resolve(store, gguf)
     assert models_in(store) == [folder.name]
+
+
+def test_the_load_bar_of_the_ui_moves_through_the_conversion(tmp_path):
+    from assistant.session import ENGINE_SPAN, EngineSteps
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    seen: list[tuple[str, float]] = []
+    settings = ModelSettings(store_dir=tmp_path / "store", llm=str(gguf))
+    resolve_llm_dir(settings, EngineSteps(lambda text, fraction: seen.append((text, fraction))))
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == ENGINE_SPAN[1]
+    assert len(set(fractions)) > 10  # it moves, step by step, not in one jump
+    texts = [t for t, _ in seen]
+    assert texts[0].startswith("hashing") and any(t.startswith("de-quantizing tensor") for t in texts)
+    seen.clear()
+    resolve_llm_dir(settings, EngineSteps(lambda text, fraction: seen.append((text, fraction))))
+    assert len(seen) == 1 and "converted already" in seen[0][0] and seen[0][1] == ENGINE_SPAN[1]
