@@ -92,9 +92,12 @@ def _truncated(path: Path, end: int, size: int) -> str:
     return f"{path} is truncated: its tensors need {end:,} bytes, it has {size:,}; {GGUF_HINT}"
 
 
-def _field(reader: Any, key: str) -> Any:
+def _string_field(reader: Any, key: str) -> str:
+    """A string value of the header, ``""`` when absent (``parts``/``data``: gguf >= 0.10)."""
     field = reader.fields.get(key)
-    return None if field is None else field.contents()
+    if field is None or not len(field.data):
+        return ""
+    return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
 
 
 @cache
@@ -145,8 +148,8 @@ def inspect_gguf(path: Path) -> GgufInfo:
         reader = _reader(path)
         tensors = reader.tensors
         end = max((t.data_offset + int(t.n_bytes) for t in tensors), default=0)
-        architecture = str(_field(reader, "general.architecture") or "")
-        name = str(_field(reader, "general.name") or path.stem)
+        architecture = _string_field(reader, "general.architecture")
+        name = _string_field(reader, "general.name") or path.stem
     except _Truncated as e:
         raise CorruptModel(_truncated(path, e.end, size)) from None
     except Exception as e:  # the reader fails with ValueError, IndexError, UnicodeDecodeError...
