@@ -227,18 +227,20 @@ def _tensor_progress(step: Step, kinds: str, span: tuple[float, float]) -> Itera
         loader.tqdm = original
 
 
-def convert_gguf(gguf: Path, dest: Path, step: Step) -> GgufInfo:
+def convert_gguf(gguf: Path, dest: Path, step: Step, info: GgufInfo | None = None) -> GgufInfo:
     """De-quantize ``gguf`` into a new Hugging Face folder ``dest`` (fp32 safetensors + tokenizer).
 
     ``dest`` must not exist; on failure it may hold part of the output, so write into a
-    temporary folder and rename it (as the store does).
+    temporary folder and rename it (as the store does). ``info``: what :func:`inspect_gguf`
+    said of the file already (it is not read twice).
 
     Raises:
         CorruptModel, UnsupportedModel, UnsupportedQuantization: From :func:`inspect_gguf`, or
             transformers failed on a file that looked intact.
     """
-    step(f"reading {gguf.name}", 0.0)
-    info = inspect_gguf(gguf)
+    if info is None:
+        step(f"reading {gguf.name}", 0.0)
+        info = inspect_gguf(gguf)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -251,8 +253,10 @@ def convert_gguf(gguf: Path, dest: Path, step: Step) -> GgufInfo:
             model = AutoModelForCausalLM.from_pretrained(
                 gguf.parent, gguf_file=gguf.name, dtype=torch.float32
             )
-    except (OSError, MemoryError):
+    except MemoryError:
         raise
+    except OSError as e:
+        raise CorruptModel(f"cannot read {gguf} ({e}); check the file and the disk it is on") from e
     except Exception as e:  # transformers' GGUF loader raises ValueError, KeyError, RuntimeError...
         raise CorruptModel(
             f"transformers could not convert {gguf} ({type(e).__name__}: {e}); the file may be damaged "

@@ -118,8 +118,8 @@ def _store_error(store: ModelStore, e: OSError, need_bytes: int) -> FetchError:
     where = store.models_dir
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return FetchError(
-            f"no space left in {where} for the converted model (~{need_bytes / 1e9:.1f} GB of fp32 weights): "
-            "free some space, or put the store on a larger disk with --store DIR"
+            f"no space left in {where} for the converted model (~{need_bytes / 1e6:,.0f} MB of fp32 "
+            "weights): free some space, or put the store on a larger disk with --store DIR"
         )
     return FetchError(
         f"cannot write the converted model into the store {where} ({e.strerror or e}): "
@@ -184,6 +184,7 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
     sha256 = _HashRecord(store.root).sha256(gguf, step)
     name = store_name(gguf, sha256)
     target = store.path(name)
+    step(f"reading {gguf.name}", 0.0)
     info = inspect_gguf(gguf)  # refuse before touching the store
     need = info.fp32_bytes + HEADROOM_BYTES
     try:
@@ -199,7 +200,7 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
     logger.warning("converting %s into the store (once): %s", gguf, target)
     try:
         staged = Path(tmp) / "out"
-        convert_gguf(gguf, staged, step)
+        convert_gguf(gguf, staged, step, info)
         manifest = {
             "kind": "llm",
             "source": f"gguf:{gguf.resolve()}",
@@ -211,9 +212,10 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
             FILES: record_files(staged),
         }
         (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if target.exists():  # an incomplete folder (no manifest) from an older version
-            shutil.rmtree(target)
-        staged.rename(target)
+        if not store.is_present(name):  # else another start converted it meanwhile: use that
+            if target.exists():  # an incomplete folder (no manifest): not ours to keep
+                shutil.rmtree(target)
+            staged.rename(target)
     except ModelNotFound:
         raise
     except OSError as e:
