@@ -57,10 +57,12 @@ class ModelSettings:
     """Which models to use and where the store lives.
 
     ``llm`` is a store name (``smollm2-135m-instruct``), a local Hugging Face folder of a
-    Llama/Qwen2 model, a GGUF file or a folder holding one (converted once into the store:
-    :mod:`models.gguf_import`), or a hub model named ``hf:org/name[@revision]`` such as
+    Llama/Qwen2 model, or a hub model named ``hf:org/name[@revision]`` such as
     ``hf:Qwen/Qwen2.5-0.5B-Instruct`` (downloaded once into the store, online, pinned to a
     commit: :mod:`assistant.hub`).
+
+    A GGUF file, or a folder holding one, is converted once into the store
+    (:mod:`models.gguf_import`).
     """
 
     store_dir: Path = field(default_factory=_default_store_dir)
