@@ -150,6 +150,8 @@ def inspect_gguf(path: Path) -> GgufInfo:
         end = max((t.data_offset + int(t.n_bytes) for t in tensors), default=0)
         architecture = _string_field(reader, "general.architecture")
         name = _string_field(reader, "general.name") or path.stem
+        split = reader.fields.get("split.count")  # llama.cpp's gguf-split parts
+        parts = int(split.parts[split.data[0]][0]) if split is not None and len(split.data) else 1
     except _Truncated as e:
         raise CorruptModel(_truncated(path, e.end, size)) from None
     except Exception as e:  # the reader fails with ValueError, IndexError, UnicodeDecodeError...
@@ -159,6 +161,11 @@ def inspect_gguf(path: Path) -> GgufInfo:
         ) from e
     if end > size:
         raise CorruptModel(_truncated(path, end, size))
+    if parts > 1:
+        raise CorruptModel(
+            f"{path} is part of a model split into {parts} files; merge them into one first: "
+            f"llama-gguf-split --merge {path.name} merged.gguf"
+        )
     model_type = _model_type(architecture, name)
     supported = model_config.SUPPORTED_MODEL_TYPES  # read now: families added later count
     if model_type not in supported:

@@ -30,12 +30,15 @@ def _vocab() -> tuple[list[str], list[int]]:
     return tokens + SPECIALS, [int(t) for t in types]
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", *, seed: int = 0, quant: str = "Q8_0") -> Path:
+def write_tiny_gguf(
+    path: Path, arch: str = "llama", *, seed: int = 0, quant: str = "Q8_0", split_count: int = 0
+) -> Path:
     """A random ``arch`` (``llama`` or ``qwen2``) decoder with its tokenizer, written to ``path``.
 
     The 2-D weights are stored as ``quant`` (a ggml type name: ``Q8_0``, ``F16``...; one the
     ``gguf`` package cannot quantize to is written as blocks of zeros), the norms as F32, as
-    llama.cpp's quantizer leaves them. Another ``arch`` name writes the same tensors under it.
+    llama.cpp's quantizer leaves them. Another ``arch`` name writes the same tensors under it;
+    ``split_count`` marks the file as the first of that many parts (llama-gguf-split's keys).
     """
     rng = np.random.default_rng(seed)
     tokens, types = _vocab()
@@ -61,6 +64,9 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, seed: int = 0, quant: st
     writer.add_bos_token_id(tokens.index("<|im_start|>"))
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_chat_template(CHAT_TEMPLATE)
+    if split_count:  # as llama-gguf-split marks each part (this one holds all tensors anyway)
+        writer.add_uint16("split.no", 0)
+        writer.add_uint16("split.count", split_count)
     qtype = GGMLQuantizationType[quant]
 
     def matrix(name: str, rows: int, cols: int) -> None:

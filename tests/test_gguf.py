@@ -120,6 +120,12 @@ def test_a_folder_with_several_gguf_files_lists_them(tmp_path):
         resolve(tmp_path / "store", tmp_path)
 
 
+def test_one_part_of_a_split_gguf_is_refused_with_the_merge_command(tmp_path):
+    part = write_tiny_gguf(tmp_path / "model-00001-of-00003.gguf", split_count=3)
+    with pytest.raises(CorruptModel, match=r"split into 3 files; merge .*llama-gguf-split --merge"):
+        resolve(tmp_path / "store", part)
+
+
 def test_a_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(ModelNotFound, match=r"no such GGUF file .*nope\.gguf; check the path"):
         resolve(tmp_path / "store", tmp_path / "nope.gguf")
