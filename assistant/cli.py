@@ -28,9 +28,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         dest="models.llm",
-        metavar="NAME|DIR|hf:ORG/NAME[@REV]",
-        help="LLM: store name, local Hugging Face folder, or hf:org/name[@revision] (downloaded once "
-        "into the store, online, pinned to a commit)",
+        metavar="NAME|DIR|FILE.gguf|hf:ORG/NAME[@REV]",
+        help="LLM: store name, local Hugging Face folder, a GGUF file or a folder holding one "
+        "(converted once into the store), or hf:org/name[@revision] (downloaded once into the "
+        "store, online, pinned to a commit)",
     )
     g.add_argument(
         "--backend",

@@ -60,6 +60,9 @@ class ModelSettings:
     Llama/Qwen2 model, or a hub model named ``hf:org/name[@revision]`` such as
     ``hf:Qwen/Qwen2.5-0.5B-Instruct`` (downloaded once into the store, online, pinned to a
     commit: :mod:`assistant.hub`).
+
+    A GGUF file, or a folder holding one, is converted once into the store
+    (:mod:`models.gguf_import`).
     """
 
     store_dir: Path = field(default_factory=_default_store_dir)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,10 +16,11 @@ from assistant.config import DecoderSettings, ModelSettings
 from assistant.hub import PREFIX as HUB_PREFIX
 from assistant.hub import hub_model_dir, parse_hub_name
 from engines.driver import DecoderDriver
-from engines.progress import ProgressCallback
+from engines.progress import EngineProgress, ProgressCallback, emit
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
 from models.config import DecoderConfig
+from models.gguf_import import convert_into_store, find_gguf, stored_gguf_dir
 from models.store import BUNDLED, ModelStore, repair_hint
 from models.weights import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir
 
@@ -30,20 +32,29 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
-def resolve_llm_dir(settings: ModelSettings) -> Path:
-    """Folder of the configured LLM: a store name, a local folder, or ``hf:org/name[@revision]``.
+def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None = None) -> Path:
+    """Folder of the configured LLM: store name, local folder, GGUF file or ``hf:org/name[@rev]``.
+
+    A local folder may be a Hugging Face folder or one holding exactly one ``.gguf`` file.
 
     A hub model is downloaded only when named so, once, into the store, pinned to a commit
-    (:mod:`assistant.hub`); a name that is no folder is never taken for a hub id.
+    (:mod:`assistant.hub`); a name that is no folder is never taken for a hub id. A GGUF is
+    converted once into the store (:mod:`models.gguf_import`); ``progress`` hears that as
+    ``convert`` events (``cached`` when it was converted already).
 
     Raises:
         ModelNotFound: Nothing usable under that name, with the command that fixes it.
+        CorruptModel, UnsupportedModel, FetchError: A GGUF that cannot be converted, or a store
+            that cannot take it (each names the fix).
     """
     store = ModelStore(settings.store_dir)
     name = settings.llm
     if name.startswith(HUB_PREFIX):
         return hub_model_dir(parse_hub_name(name), store)
     local = Path(name).expanduser()
+    gguf = find_gguf(local)
+    if gguf is not None or local.suffix.lower() == ".gguf":
+        return _gguf_dir(gguf or local, store, progress)
     if local.is_dir():
         check_model_dir(local)
         return local
@@ -57,6 +68,27 @@ def resolve_llm_dir(settings: ModelSettings) -> Path:
         f"no such folder {local} and no stored model {name!r}; for a Hugging Face model use {hub_form} "
         "(downloaded once, online); for the bundled models run 'assistant models fetch'"
     )
+
+
+def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) -> Path:
+    """The store folder of ``gguf``, converting it first if needed.
+
+    ``progress`` hears a ``cached`` event when it was converted before, else ``convert``
+    events (``step`` of 100) while it converts.
+    """
+
+    def step(what: str, fraction: float) -> None:
+        logger.info("%s: %s", gguf.name, what)
+        if progress is not None:
+            done = fraction >= 1.0
+            event = EngineProgress("convert", what, "convert GGUF", "", round(100 * fraction), 100, done)
+            progress(dataclasses.replace(event, t_ns=time.monotonic_ns()))
+
+    stored = stored_gguf_dir(gguf, store, step)
+    if stored is not None:
+        emit(progress, "cached", f"{gguf.name}: converted already ({stored.name})")
+        return stored
+    return convert_into_store(gguf, store, step)
 
 
 def load_tokenizer(model_dir: Path) -> Any:
@@ -158,7 +190,7 @@ def load_llm(
         cancel: Set it to stop a TensorRT engine build at its next step.
         notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
     """
-    model_dir = resolve_llm_dir(models)
+    model_dir = resolve_llm_dir(models, progress)
     DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
     tokenizer = load_tokenizer(model_dir)
     if decoder.backend not in BACKENDS:

@@ -71,6 +71,10 @@ class EngineSteps:
                 text = f"building engine: {self.top}"
                 if event.parent and event.num_steps:
                     text += f" / {event.phase} {event.step}/{event.num_steps}"
+            elif event.stage == "convert" and event.num_steps:  # a GGUF converting into the store
+                self.fraction = max(
+                    self.fraction, self.start + (self.stop - self.start) * event.step / event.num_steps
+                )
             elif event.stage in ("cached", "done", "warmup"):
                 self.fraction = self.stop
             key = (text, event.t_ns // self.interval_ns)

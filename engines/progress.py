@@ -20,7 +20,8 @@ class EngineProgress:
     Attributes:
         stage: ``export``, ``parse``, ``build`` (TensorRT phases), ``save``, ``cached`` (a
             cache hit), ``miss`` (a cache had nothing usable), ``rebuild`` (a cached engine
-            was unusable), ``warmup`` or ``done`` (an engine was built).
+            was unusable), ``warmup``, ``done`` (an engine was built) or ``convert`` (a GGUF
+            file converting into the store; ``step`` of ``num_steps`` = 100).
         message: Human-readable line (phase name, or what happened).
         phase: TensorRT phase name for ``build`` events, else ``""``.
         parent: The enclosing TensorRT phase, ``""`` at the top level.

