@@ -11,10 +11,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from models.config import DecoderConfig
-from models.decoder import Decoder, rope_inv_freq
+from models.decoder import Decoder
 from models.store import check_files, repair_hint
 
-FETCH_HINT = "run 'assistant models fetch' (or point --model at a Llama/Qwen2 safetensors folder)"
+FETCH_HINT = "run 'assistant models fetch' (or point --model at a safetensors folder of a supported family)"
 
 
 class ModelNotFound(FileNotFoundError):
@@ -105,9 +105,10 @@ def load_decoder(
         raise CorruptModel(f"weights in {model_dir} do not match its config.json: {e}") from e
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    # The non-persistent RoPE buffer was built on the meta device. Give it real storage for
-    # .to(), then recompute it after the cast: frequencies stay fp32 whatever the weights' dtype.
-    model.inv_freq = rope_inv_freq(config)
+    # The non-persistent buffers (RoPE, embedding scale) were built on the meta device. Give
+    # them real storage for .to(), then recompute them after the cast: RoPE frequencies stay
+    # fp32 whatever the weights' dtype.
+    model.reset_buffers()
     model = model.to(device=device, dtype=dtype).eval()
-    model.inv_freq = rope_inv_freq(config).to(device)
+    model.reset_buffers()
     return model

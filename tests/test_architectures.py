@@ -1,18 +1,25 @@
 """Architecture variants the bundled model does not exercise, against transformers.
 
-Qwen2 (q/k/v biases, untied LM head) and Llama 3 RoPE scaling are checked on tiny
-random-weight models built from transformers' own classes (no such checkpoints ship in a
-registry package); the math is the same at any size.
+Qwen2 (q/k/v biases, untied LM head), Llama 3 RoPE scaling, Llama's attention/MLP biases and
+every other supported family (Qwen3, Gemma 2/3, Phi-3/Phi-4-mini, Mistral/Ministral: see
+tests/families.py) are checked on tiny random-weight models built from transformers' own
+classes (no such checkpoints ship in a registry package); the math is the same at any size.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from engines.cuda_graph import CudaGraphStep, GraphOptions
+from engines.driver import DecoderDriver
+from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+from models.config import SUPPORTED_MODEL_TYPES, DecoderConfig, UnsupportedModel
 from models.decoder import KVCache
 from models.weights import load_decoder
+from tests.families import FAMILIES, VOCAB, save_family
 
 COMMON = dict(
     vocab_size=300,
@@ -63,10 +70,139 @@ def test_variant_logits_match_transformers(build, tmp_path):
 
 
 def test_half_precision_load_keeps_rope_frequencies_fp32(tmp_path):
-    from models.decoder import rope_inv_freq
+    from models.rope import rope_inv_freq
 
     llama3_scaled().save_pretrained(tmp_path)
     ours = load_decoder(tmp_path, dtype=torch.bfloat16)
     assert next(ours.parameters()).dtype == torch.bfloat16
-    assert ours.inv_freq.dtype == torch.float32
-    assert torch.equal(ours.inv_freq, rope_inv_freq(ours.config))
+    assert ours.rope["full_attention"].inv_freq.dtype == torch.float32
+    assert torch.equal(ours.rope["full_attention"].inv_freq, rope_inv_freq(ours.config))
+
+
+# Each supported family against transformers: tiny random models of real config shapes
+# (tests/families.py), prefill then cached decode, on the engines' PyTorch paths.
+
+PROMPT_TOKENS = 40  # > the sliding window (8); + 32 generated tokens cross longrope's 64
+
+
+class NoTokenizer:
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def family_prompt(seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, VOCAB, PROMPT_TOKENS).tolist()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, folder, transformers model, its greedy tokens and per-step logits)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    reference = save_family(request.param, folder)
+    ids = family_prompt()
+    prompt = torch.tensor([ids])
+    with torch.inference_mode():  # an explicit mask: Gemma's pad id 0 may be in the prompt
+        out = reference.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+            output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    tokens = out.sequences[0, len(ids) :].tolist()
+    return request.param, folder, reference, tokens, [s[0].float().numpy() for s in out.logits]
+
+
+def greedy_run(driver, ids, n=32):
+    """Greedy tokens and the logits of every step: prefill, then one cached decode per token."""
+    driver.reset()
+    logits = [driver.prefill(ids)]
+    tokens = [int(logits[-1].argmax())]
+    while len(tokens) < n:
+        logits.append(driver.decode(tokens[-1]))
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, logits
+
+
+def rel_err(got, expected) -> float:
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+def static_driver(folder) -> DecoderDriver:
+    """The CUDA-graph step's static math, run eagerly on the CPU: fused weights, matmul
+    attention over the whole cache, prefill chunked into 16-token buckets, decode windows."""
+    model = load_decoder(folder)
+    step = CudaGraphStep(model, 128, GraphOptions((4, 16), (64,), capture=False))
+    return DecoderDriver(step, NoTokenizer(), [], rope_switch_tokens=model.config.rope_switch_tokens)
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_family_matches_transformers_through_prefill_and_cached_decode(family, path):
+    name, folder, _, expected_tokens, expected_logits = family
+    if path == "eager":
+        options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=128, threads=1)
+        driver = load_torch_decoder(folder, NoTokenizer(), options)
+    else:
+        driver = static_driver(folder)
+    tokens, logits = greedy_run(driver, family_prompt())
+    errors = [rel_err(g, e) for g, e in zip(logits, expected_logits, strict=True)]
+    print(f"{name} {path}: max logits rel err {max(errors):.1e}")
+    assert tokens == expected_tokens
+    assert max(errors) < 1e-4
+
+
+def test_longrope_prompt_past_the_switch_in_chunks_matches_one_call(tmp_path):
+    """A 70-token prompt runs in 16-token chunks (the first ones end before the switch at 64):
+    all of them must take the long factors, as the one eager call (= transformers) does."""
+    save_family("phi4-mini", tmp_path)
+    options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=128, threads=1)
+    eager = load_torch_decoder(tmp_path, NoTokenizer(), options)
+    prompt = np.random.default_rng(1).integers(0, VOCAB, 70).tolist()
+    tokens, logits = greedy_run(eager, prompt, 8)
+    got_tokens, got_logits = greedy_run(static_driver(tmp_path), prompt, 8)
+    assert got_tokens == tokens
+    assert max(rel_err(g, e) for g, e in zip(got_logits, logits, strict=True)) < 1e-4
+
+
+def test_family_configs_read_their_differences(family):
+    name, folder, *_ = family
+    config = DecoderConfig.from_dir(folder)
+    sliding = [config.layer_type(i) == "sliding_attention" for i in range(config.num_layers)]
+    expected = {
+        "qwen3": dict(qk_norm=True, sliding=[False] * 2),
+        "gemma3": dict(qk_norm=True, norm_plus_one=True, sandwich_norms=True, local_rope_theta=10000.0,
+                       attention_scale=24**-0.5, sliding=[True] * 5 + [False]),
+        "gemma2": dict(attn_logit_softcap=50.0, final_logit_softcap=30.0, sliding=[True, False] * 2),
+        "phi4-mini": dict(fused_projections=True, partial_rotary_factor=0.75, sliding=[False] * 2),
+        "phi3-mini-4k": dict(fused_projections=True, sliding=[True] * 2),
+        "mistral": dict(sliding_window=8, sliding=[True] * 2),
+        "ministral": dict(sliding=[True, False]),
+    }[name]  # fmt: skip
+    assert sliding == expected.pop("sliding")
+    assert {k: getattr(config, k) for k in expected} == expected
+
+
+@torch.inference_mode()
+def test_llama_attention_bias_gives_o_proj_its_bias_as_transformers_does(tmp_path):
+    torch.manual_seed(0)
+    reference = LlamaForCausalLM(LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True)).eval()
+    assert reference.model.layers[0].self_attn.o_proj.bias is not None
+    for name, param in reference.named_parameters():
+        if name.endswith(".bias"):
+            param.normal_()
+    reference.save_pretrained(tmp_path)
+    ours = load_decoder(tmp_path)
+    assert ours.config.attention_out_bias and ours.config.mlp_bias
+    ids = torch.randint(0, 300, (1, 50))
+    expected = reference(ids).logits
+    got = ours(ids, torch.arange(50), KVCache.allocate(ours.config, 64))
+    assert float((got - expected).norm() / expected.norm()) < 1e-4
+
+
+def test_unsupported_model_type_names_every_supported_one():
+    with pytest.raises(UnsupportedModel) as e:
+        DecoderConfig.from_hf({"model_type": "gpt2", "hidden_size": 64})
+    assert all(t in str(e.value) for t in SUPPORTED_MODEL_TYPES if t != "gemma3")
+    with pytest.raises(UnsupportedModel, match="'yarn' is not supported"):
+        DecoderConfig.from_hf(
+            {**COMMON, "model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+        )
