@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from transformers import (
     Gemma2Config,
@@ -141,3 +143,55 @@ def save_family(name: str, folder: Path, seed: int = 0) -> PreTrainedModel:
     model = randomise_norms_and_biases(FAMILIES[name]()).eval()
     model.save_pretrained(folder)
     return model
+
+
+PROMPT_TOKENS = 40  # > the sliding window (8); + 32 generated tokens cross longrope's 64
+
+
+class NoTokenizer:
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+class Family(NamedTuple):
+    """A saved family model and transformers' greedy run of :func:`family_prompt` on it."""
+
+    name: str
+    folder: Path
+    tokens: list[int]  # 32 greedy tokens
+    logits: list[np.ndarray]  # the logits each token was chosen from (prefill, then decode)
+
+
+def family_prompt(seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, VOCAB, PROMPT_TOKENS).tolist()
+
+
+def reference_family(name: str, folder: Path) -> Family:
+    """Save family ``name`` to ``folder`` and run transformers' ``generate`` (32 greedy tokens)."""
+    reference = save_family(name, folder)
+    ids = family_prompt()
+    prompt = torch.tensor([ids])
+    with torch.inference_mode():  # an explicit mask: Gemma's pad id 0 may be in the prompt
+        out = reference.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+            output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    tokens = out.sequences[0, len(ids) :].tolist()
+    return Family(name, folder, tokens, [s[0].float().numpy() for s in out.logits])
+
+
+def greedy_run(driver, ids, n=32):
+    """Greedy tokens and the logits of every step: prefill, then one cached decode per token."""
+    driver.reset()
+    logits = [driver.prefill(ids)]
+    tokens = [int(logits[-1].argmax())]
+    while len(tokens) < n:
+        logits.append(driver.decode(tokens[-1]))
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, logits
+
+
+def rel_err(got, expected) -> float:
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))

@@ -19,7 +19,17 @@ from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.config import SUPPORTED_MODEL_TYPES, DecoderConfig, UnsupportedModel
 from models.decoder import KVCache
 from models.weights import load_decoder
-from tests.families import FAMILIES, VOCAB, save_family
+from tests.families import (
+    FAMILIES,
+    VOCAB,
+    Family,
+    NoTokenizer,
+    family_prompt,
+    greedy_run,
+    reference_family,
+    rel_err,
+    save_family,
+)  # fmt: skip
 
 COMMON = dict(
     vocab_size=300,
@@ -82,49 +92,10 @@ def test_half_precision_load_keeps_rope_frequencies_fp32(tmp_path):
 # Each supported family against transformers: tiny random models of real config shapes
 # (tests/families.py), prefill then cached decode, on the engines' PyTorch paths.
 
-PROMPT_TOKENS = 40  # > the sliding window (8); + 32 generated tokens cross longrope's 64
-
-
-class NoTokenizer:
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(65 + i % 26) for i in ids)
-
-
-def family_prompt(seed: int = 0) -> list[int]:
-    return np.random.default_rng(seed).integers(0, VOCAB, PROMPT_TOKENS).tolist()
-
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, tmp_path_factory):
-    """(name, folder, transformers model, its greedy tokens and per-step logits)."""
-    folder = tmp_path_factory.mktemp(request.param)
-    reference = save_family(request.param, folder)
-    ids = family_prompt()
-    prompt = torch.tensor([ids])
-    with torch.inference_mode():  # an explicit mask: Gemma's pad id 0 may be in the prompt
-        out = reference.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
-            output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
-    tokens = out.sequences[0, len(ids) :].tolist()
-    return request.param, folder, reference, tokens, [s[0].float().numpy() for s in out.logits]
-
-
-def greedy_run(driver, ids, n=32):
-    """Greedy tokens and the logits of every step: prefill, then one cached decode per token."""
-    driver.reset()
-    logits = [driver.prefill(ids)]
-    tokens = [int(logits[-1].argmax())]
-    while len(tokens) < n:
-        logits.append(driver.decode(tokens[-1]))
-        tokens.append(int(logits[-1].argmax()))
-    return tokens, logits
-
-
-def rel_err(got, expected) -> float:
-    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+def family(request, tmp_path_factory) -> Family:
+    return reference_family(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def static_driver(folder) -> DecoderDriver:
@@ -137,7 +108,7 @@ def static_driver(folder) -> DecoderDriver:
 
 @pytest.mark.parametrize("path", ["eager", "static"])
 def test_family_matches_transformers_through_prefill_and_cached_decode(family, path):
-    name, folder, _, expected_tokens, expected_logits = family
+    name, folder, expected_tokens, expected_logits = family
     if path == "eager":
         options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=128, threads=1)
         driver = load_torch_decoder(folder, NoTokenizer(), options)
