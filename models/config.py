@@ -210,7 +210,8 @@ class DecoderConfig:
         model_type = hf.get("model_type", "")
         if model_type == "gemma3" and isinstance(hf.get("text_config"), dict):
             # The multimodal Gemma 3 config: its text model is a gemma3_text decoder.
-            hf = {"model_type": "gemma3_text", **hf["text_config"], "eos_token_id": hf.get("eos_token_id")}
+            eos = hf.get("eos_token_id", hf["text_config"].get("eos_token_id"))
+            hf = {**hf["text_config"], "model_type": "gemma3_text", "eos_token_id": eos}
             model_type = "gemma3_text"
         if model_type not in SUPPORTED_MODEL_TYPES or model_type == "gemma3":
             raise UnsupportedModel(

@@ -36,6 +36,30 @@ def _weight_files(model_dir: Path) -> list[Path]:
     return sorted(model_dir.glob("*.safetensors"))
 
 
+# Multimodal checkpoints (Gemma 3 4B and up) keep the text decoder under a prefix; the vision
+# tower and projector are not loaded.
+TEXT_PREFIXES = ("language_model.", "model.language_model.")
+VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
+
+
+def decoder_key(name: str) -> str | None:
+    """The :class:`Decoder` parameter a checkpoint tensor loads into; ``None``: not the decoder's.
+
+    ``model.layers.0...`` -> ``layers.0...``; multimodal ``language_model.model.layers.0...``
+    and ``model.language_model.layers.0...`` likewise.
+    """
+    if name.startswith(VISION_PREFIXES):
+        return None
+    for prefix in TEXT_PREFIXES:
+        name = name.removeprefix(prefix)
+    return name.removeprefix("model.")
+
+
 def check_model_dir(model_dir: Path) -> None:
     """Check that ``model_dir`` has a config and weights, and that recorded files are intact.
 
@@ -93,7 +117,10 @@ def load_decoder(
         except (SafetensorError, OSError, ValueError) as e:
             raise CorruptModel(f"cannot read {path}: {e}; delete the folder and {FETCH_HINT}") from e
         _check_finite(path, shard)
-        state.update({k.removeprefix("model."): v for k, v in shard.items()})
+        for name, tensor in shard.items():
+            key = decoder_key(name)
+            if key is not None:
+                state[key] = tensor
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
         state["lm_head.weight"] = state.get("embed_tokens.weight", torch.empty(0))

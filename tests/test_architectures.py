@@ -177,3 +177,29 @@ def test_unsupported_model_type_names_every_supported_one():
         DecoderConfig.from_hf(
             {**COMMON, "model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
         )
+
+
+@torch.inference_mode()
+def test_multimodal_gemma3_folder_loads_its_text_decoder(tmp_path):
+    """Gemma 3 4B and up ship as Gemma3ForConditionalGeneration (model_type gemma3, the text
+    model's settings in text_config, its weights under language_model.): the text decoder
+    loads and matches transformers' text model; the vision tower is left out."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = dict(
+        COMMON, num_key_value_heads=1, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+        eos_token_id=None,
+    )  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)  # fmt: skip
+    torch.manual_seed(0)
+    reference = Gemma3ForConditionalGeneration(
+        Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    ).eval()
+    reference.save_pretrained(tmp_path)
+    ours = load_decoder(tmp_path)
+    assert ours.config.model_type == "gemma3_text" and ours.config.qk_norm
+    ids = torch.randint(0, 300, (1, 30))  # past the window of 8
+    expected = reference(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    got = ours(ids, torch.arange(30), KVCache.allocate(ours.config, 32))
+    assert float((got - expected).norm() / expected.norm()) < 1e-4
