@@ -101,8 +101,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension."""
         if self.fused:
-            weight = self.weight + 1.0 if self.plus_one else self.weight
-            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+            if self.plus_one:  # 1 + w in fp32: in bf16 it would round w away
+                weight = self.weight.float() + 1.0
+                return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.plus_one:
