@@ -224,3 +224,32 @@ def test_multimodal_gemma3_folder_loads_its_text_decoder(tmp_path):
     expected = reference(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     got = ours(ids, torch.arange(30), KVCache.allocate(ours.config, 32))
     assert float((got - expected).norm() / expected.norm()) < 1e-4
+
+
+LEGACY_CONFIGS = {  # fields as real config.json files written by transformers 4.x carry them
+    "gemma3_text": dict(
+        sliding_window=512, sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, query_pre_attn_scalar=256, head_dim=256,
+        num_hidden_layers=12,
+    ),
+    "gemma2": dict(sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                   query_pre_attn_scalar=256, head_dim=256, num_hidden_layers=4),
+    "qwen3": dict(use_sliding_window=False, sliding_window=None, max_window_layers=28, head_dim=128),
+    "qwen2": dict(use_sliding_window=False, sliding_window=32768, max_window_layers=21),
+    "phi3": dict(partial_rotary_factor=0.75, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+                 max_position_embeddings=131072, sliding_window=262144,
+                 rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}),
+    "mistral": dict(sliding_window=4096),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", list(LEGACY_CONFIGS))
+def test_legacy_config_fields_read_as_transformers_5_reads_them(model_type):
+    """Older config.json files (flat rope_scaling, rope_local_base_freq, sliding_window_pattern,
+    no layer_types) give the same DecoderConfig as transformers' own reading of them, saved."""
+    from transformers import AutoConfig
+
+    legacy = {**COMMON, "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 1024,
+              **LEGACY_CONFIGS[model_type], "model_type": model_type, "eos_token_id": 2}  # fmt: skip
+    normalized = AutoConfig.for_model(**legacy).to_dict()
+    assert DecoderConfig.from_hf(legacy) == DecoderConfig.from_hf(normalized)
