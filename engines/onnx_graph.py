@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import FULL, SLIDING
 from models.decoder import Attention, Block, Decoder
 from models.layers import attention_mask, softcap
 
@@ -49,9 +48,7 @@ class OnnxDecoder(nn.Module):
         ropes = {k: r(position_ids, x.dtype) for k, r in m.rope.items()}  # [B, T, 1, rotary]
         total = past[0].shape[2] + input_ids.shape[1]
         slots = torch.arange(total, device=input_ids.device)
-        types = {cast(Block, layer).layer_type for layer in m.layers}
-        windows = {FULL: None, SLIDING: m.config.sliding_window}
-        biases = {k: self._bias(attention_mask(slots, position_ids, windows[k])) for k in types}
+        biases = {k: self._bias(attention_mask(slots, position_ids, w)) for k, w in m.windows.items()}
         presents: list[torch.Tensor] = []
         for i, module in enumerate(m.layers):
             layer = cast(Block, module)

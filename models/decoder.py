@@ -141,6 +141,7 @@ class Decoder(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         types = [config.layer_type(i) for i in range(config.num_layers)]
+        self.windows = {t: config.sliding_window if t == SLIDING else None for t in types}  # masks to build
         self.layers = nn.ModuleList(Block(config, t) for t in types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_plus_one)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -229,8 +230,7 @@ class Decoder(nn.Module):
         x = self.embed(input_ids)
         ropes = {k: r(positions[None], x.dtype, rope_tokens) for k, r in self.rope.items()}
         slots = torch.arange(length, device=positions.device)
-        windows = {FULL: None, SLIDING: self.config.sliding_window}
-        masks = {k: attention_mask(slots, positions, w)[None, None] for k, w in windows.items()}
+        masks = {k: attention_mask(slots, positions, w)[None, None] for k, w in self.windows.items()}
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, Block)
             cos, sin = ropes[self.rope_key(layer)]
