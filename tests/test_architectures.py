@@ -236,6 +236,8 @@ LEGACY_CONFIGS = {  # fields as real config.json files written by transformers 4
                    query_pre_attn_scalar=256, head_dim=256, num_hidden_layers=4),
     "qwen3": dict(use_sliding_window=False, sliding_window=None, max_window_layers=28, head_dim=128),
     "qwen2": dict(use_sliding_window=False, sliding_window=32768, max_window_layers=21),
+    "qwen2-sliding": dict(model_type="qwen2", use_sliding_window=True, sliding_window=64,
+                          max_window_layers=1),
     "phi3": dict(partial_rotary_factor=0.75, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
                  max_position_embeddings=131072, sliding_window=262144,
                  rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}),
@@ -250,6 +252,9 @@ def test_legacy_config_fields_read_as_transformers_5_reads_them(model_type):
     from transformers import AutoConfig
 
     legacy = {**COMMON, "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 1024,
-              **LEGACY_CONFIGS[model_type], "model_type": model_type, "eos_token_id": 2}  # fmt: skip
+              "model_type": model_type, "eos_token_id": 2, **LEGACY_CONFIGS[model_type]}  # fmt: skip
     normalized = AutoConfig.for_model(**legacy).to_dict()
-    assert DecoderConfig.from_hf(legacy) == DecoderConfig.from_hf(normalized)
+    ours = DecoderConfig.from_hf(legacy)
+    assert ours == DecoderConfig.from_hf(normalized)
+    if model_type == "qwen2-sliding":  # layers from max_window_layers on slide
+        assert [ours.layer_type(i) for i in range(2)] == ["full_attention", "sliding_attention"]
