@@ -57,7 +57,7 @@ class ModelSettings:
     """Which models to use and where the store lives.
 
     ``llm`` is a store name (``smollm2-135m-instruct``), a local Hugging Face folder of a
-    Llama/Qwen2 model, or a hub model named ``hf:org/name[@revision]`` such as
+    supported family (docs/models.md), or a hub model named ``hf:org/name[@revision]`` such as
     ``hf:Qwen/Qwen2.5-0.5B-Instruct`` (downloaded once into the store, online, pinned to a
     commit: :mod:`assistant.hub`).
 

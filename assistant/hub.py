@@ -106,7 +106,7 @@ def _download(model: HubModel, store: ModelStore, target: Path) -> Path:
             check_model_dir(staged)
         except ModelNotFound as e:
             raise ModelNotFound(
-                f"{PREFIX}{model.repo_id}@{commit} is not a Llama/Qwen2 safetensors model "
+                f"{PREFIX}{model.repo_id}@{commit} is not a safetensors model "
                 "(no config.json or no *.safetensors weights)"
             ) from e
         manifest = {

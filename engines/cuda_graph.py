@@ -170,6 +170,9 @@ class CudaGraphStep:
         self.readback = _Readback(self.device)
         self.logits = torch.zeros(1, config.vocab_size, dtype=torch.float32, device=self.device)
         self.token = torch.zeros(1, dtype=torch.long, device=self.device)
+        # longrope: a prompt's length picks the RoPE factors of all its chunks (set per feed).
+        self.rope_tokens = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.longrope = config.rope_switch_tokens is not None
         # A decode graph's window is this tensor's length (torch.compile: one graph, dynamic in it).
         self.window_slots = {w: torch.arange(w, device=self.device) for w in self.windows}
         self.sampler: DeviceSampler | None = None
@@ -196,7 +199,10 @@ class CudaGraphStep:
             )
 
     def _prefill_compute(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        logits = self.model(ids, positions, self.cache, last_only=True, matmul_attention=True)
+        rope_tokens = self.rope_tokens if self.longrope else None
+        logits = self.model(
+            ids, positions, self.cache, last_only=True, matmul_attention=True, rope_tokens=rope_tokens
+        )
         return logits[:, -1]
 
     def _decode_compute(
@@ -268,6 +274,8 @@ class CudaGraphStep:
         self.ahead = None
         ids = list(token_ids)
         width = self.buckets[-1]
+        if self.longrope:
+            self.rope_tokens.fill_(start_pos + len(ids))  # queued on the stream, no sync
         for begin in range(0, len(ids), width):
             chunk = ids[begin : begin + width]
             first, n = start_pos + begin, len(chunk)

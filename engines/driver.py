@@ -105,6 +105,12 @@ class DecoderDriver:
 
     It remembers which token ids the KV cache holds, so a new prompt that starts with the
     previous conversation only prefills the tokens after the common prefix.
+
+    ``rope_switch_tokens`` (longrope models, :attr:`DecoderConfig.rope_switch_tokens`): a
+    sequence longer than it uses RoPE's long factors at every position, a shorter one the short
+    factors (the step picks them by the call's last position). When the sequence crosses that
+    length either way, the cached keys were rotated with the other factors, so the whole
+    sequence runs again from position 0, as transformers' ``generate`` does.
     """
 
     def __init__(
@@ -113,8 +119,10 @@ class DecoderDriver:
         tokenizer: Detokenizer,
         eos_token_ids: Sequence[int],
         cache_status: str = "",
+        rope_switch_tokens: int | None = None,
     ) -> None:
         self.step = step
+        self.rope_switch_tokens = rope_switch_tokens
         # What start-up reused or had to make (``engine cache hit``, ``ONNX exported in 14 s``).
         self.cache_status = cache_status
         # Why ``--backend auto`` runs this backend and not the TensorRT it picked ('' when it did not
@@ -167,6 +175,8 @@ class DecoderDriver:
             )
         # At least the last token runs, so its logits are fresh.
         reuse = min(common_prefix_len(self.cached_ids, prompt_ids), len(prompt_ids) - 1)
+        if self._long_rope(len(self.cached_ids)) != self._long_rope(len(prompt_ids)):
+            reuse = 0  # the cached keys carry the other RoPE factors
         self.cached_ids = list(prompt_ids[:reuse])
         out = run(prompt_ids[reuse:], reuse)
         self.cached_ids = list(prompt_ids)
@@ -175,9 +185,18 @@ class DecoderDriver:
     def _append_with(self, run: Callable[[Sequence[int], int], Out], token_id: int) -> Out:
         if len(self.cached_ids) >= self.capacity_tokens:
             raise ContextOverflow(f"KV cache full ({self.capacity_tokens} tokens)")
-        out = run([token_id], len(self.cached_ids))
+        length = len(self.cached_ids)
+        if self._long_rope(length) != self._long_rope(length + 1):
+            # Crossing longrope's switch: every cached key must get the long factors.
+            out = run([*self.cached_ids, token_id], 0)
+        else:
+            out = run([token_id], length)
         self.cached_ids.append(token_id)
         return out
+
+    def _long_rope(self, length_tokens: int) -> bool:
+        switch = self.rope_switch_tokens
+        return switch is not None and length_tokens > switch
 
     def choosers(
         self, options: GenerationOptions, context: list[int]

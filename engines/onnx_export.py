@@ -70,6 +70,7 @@ DATA_FILE = "decoder.onnx.data"
 SIDECAR = "export.json"
 # Protobuf cannot serialize a message over 2 GiB; keep a margin for the graph itself.
 EXTERNAL_DATA_BYTES = 2**31 - 2**26
+MODEL_CODE = ("config.py", "decoder.py", "layers.py", "rope.py")  # models/ files the graph comes from
 # Every key _metadata writes (prefixed "assistant."); export.json must carry them all.
 METADATA_KEYS = tuple(
     f"assistant.{k}"
@@ -205,7 +206,9 @@ def weights_sha256(model_dir: Path) -> str:
 def graph_code_sha256() -> str:
     """sha256 of the code that defines the graph, so editing it invalidates cached exports."""
     digest = hashlib.sha256()
-    for source in (Path(__file__).with_name("onnx_graph.py"), Path(__file__), Path(models.decoder.__file__)):
+    here, model_code = Path(__file__), Path(models.decoder.__file__).parent
+    sources = [here.with_name("onnx_graph.py"), here, *(model_code / f for f in MODEL_CODE)]
+    for source in sources:
         digest.update(source.read_bytes())
     return digest.hexdigest()
 

@@ -15,15 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.decoder import Attention, Block, Decoder, _rotate_half
+from models.decoder import Attention, Block, Decoder
+from models.layers import attention_mask, softcap
 
 
 class OnnxDecoder(nn.Module):
     """``(input_ids, position_ids, *past) -> (last_logits, *present)`` over a decoder's weights.
 
     Key slot ``j`` of the concatenated cache holds absolute position ``j``, so the causal mask
-    is ``slot <= position_ids[t]``: a pure function of an explicit input and of the past
-    length, with no data-dependent shape.
+    is ``slot <= position_ids[t]`` (and ``slot > position_ids[t] - window`` in sliding-window
+    layers): a pure function of an explicit input and of the past length, with no
+    data-dependent shape. Each RoPE (one per layer type where they differ) is computed once.
     """
 
     def __init__(self, model: Decoder) -> None:
@@ -31,7 +33,6 @@ class OnnxDecoder(nn.Module):
         self.model = model
         config = model.config
         self.groups = config.num_heads // config.num_kv_heads
-        self.scale = config.head_dim**-0.5
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
@@ -43,32 +44,33 @@ class OnnxDecoder(nn.Module):
             layer, ``[B, KVH, P + T, D]`` in the cache dtype.
         """
         m = self.model
-        x = m.embed_tokens(input_ids)
-        # RoPE angles in fp32 whatever the graph dtype: positions reach thousands of radians.
-        freqs = position_ids.to(m.inv_freq.dtype)[..., None] * m.inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x = m.embed(input_ids)
+        ropes = {k: r(position_ids, x.dtype) for k, r in m.rope.items()}  # [B, T, 1, rotary]
         total = past[0].shape[2] + input_ids.shape[1]
         slots = torch.arange(total, device=input_ids.device)
-        visible = slots[None, None, :] <= position_ids[:, :, None]  # [B, T, P + T]
-        bias = torch.zeros(visible.shape, dtype=torch.float32, device=x.device)
-        bias = bias.masked_fill(~visible, torch.finfo(torch.float32).min)
-        # Query heads sharing a KV head are folded into the time axis (see _attend): row
-        # g * T + t of the mask is token t's row, for every one of the G query heads.
-        bias = bias.repeat(1, self.groups, 1)[:, None]  # [B, 1, G * T, P + T]
+        biases = {k: self._bias(attention_mask(slots, position_ids, w)) for k, w in m.windows.items()}
         presents: list[torch.Tensor] = []
         for i, module in enumerate(m.layers):
             layer = cast(Block, module)
+            cos, sin = ropes[m.rope_key(layer)]
             h = layer.input_layernorm(x)
+            bias = biases[layer.layer_type]
             out, k, v = self._attend(layer.self_attn, h, cos, sin, bias, past[2 * i], past[2 * i + 1])
-            x = x + out
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.add_feed_forward(layer.add_attention(x, out))
             presents += [k, v]
         h = m.norm(x[:, -1])  # [B, H]
         # W @ h^T rather than h @ W^T: constant folding would store a transposed copy of W,
         # doubling the tied embedding matrix in the file (and on the GPU).
         logits = torch.matmul(m.lm_head.weight, h.transpose(0, 1)).transpose(0, 1).float()
-        return (logits, *presents)
+        return (softcap(logits, m.config.final_logit_softcap), *presents)
+
+    def _bias(self, visible: torch.Tensor) -> torch.Tensor:
+        """Additive fp32 mask ``[B, 1, G * T, P + T]`` from the boolean ``[B, T, P + T]``."""
+        bias = torch.zeros(visible.shape, dtype=torch.float32, device=visible.device)
+        bias = bias.masked_fill(~visible, torch.finfo(torch.float32).min)
+        # Query heads sharing a KV head are folded into the time axis (see _attend): row
+        # g * T + t of the mask is token t's row, for every one of the G query heads.
+        return bias.repeat(1, self.groups, 1)[:, None]
 
     def _attend(
         self,
@@ -82,19 +84,16 @@ class OnnxDecoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         kvh, d = attn.num_kv_heads, attn.head_dim
-        q = attn.q_proj(x).view(b, t, attn.num_heads, d).transpose(1, 2)
-        k = attn.k_proj(x).view(b, t, kvh, d).transpose(1, 2)
-        v = attn.v_proj(x).view(b, t, kvh, d).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = attn.rotated(x, cos, sin)
         k = torch.cat((past_k, k), dim=2)
         v = torch.cat((past_v, v), dim=2)
         # Grouped-query attention without repeating K/V: the G query heads of a KV head are
         # stacked along the time axis, so it is plain 4-D attention, [B, KVH, G * T, D] against
         # [B, KVH, P + T, D], with the scale applied to Q before the first matmul (as TensorRT's
         # attention fusion requires).
-        q = (q * self.scale).reshape(b, kvh, self.groups * t, d)
-        scores = torch.matmul(q, k.transpose(2, 3))
+        scale = d**-0.5 if attn.scale is None else attn.scale
+        q = (q * scale).reshape(b, kvh, self.groups * t, d)
+        scores = softcap(torch.matmul(q, k.transpose(2, 3)), attn.logit_cap)
         # Mask and softmax in fp32 (a finite minimum, never -inf): sane in fp16 graphs.
         probs = F.softmax(scores.float() + bias, dim=-1).to(q.dtype)
         out = torch.matmul(probs, v).view(b, attn.num_heads, t, d)

@@ -177,4 +177,4 @@ def load_onnxruntime_decoder(
     status = "ONNX export cache hit" if exported.cache_hit else f"ONNX exported in {exported.export_s:.0f} s"
     if exported.notice:
         status += f" ({exported.notice})"
-    return DecoderDriver(step, tokenizer, config.eos_token_ids, status)
+    return DecoderDriver(step, tokenizer, config.eos_token_ids, status, config.rope_switch_tokens)

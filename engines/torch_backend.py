@@ -171,4 +171,4 @@ def load_torch_decoder(
     else:
         step = TorchStep(model, capacity)
     logger.info("loaded %s as %s, KV cache %d tokens", model_dir, step.name, capacity)
-    return DecoderDriver(step, tokenizer, config.eos_token_ids, status)
+    return DecoderDriver(step, tokenizer, config.eos_token_ids, status, config.rope_switch_tokens)

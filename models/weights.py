@@ -11,10 +11,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from models.config import DecoderConfig
-from models.decoder import Decoder, rope_inv_freq
+from models.decoder import Decoder
 from models.store import check_files, repair_hint
 
-FETCH_HINT = "run 'assistant models fetch' (or point --model at a Llama/Qwen2 safetensors folder)"
+FETCH_HINT = "run 'assistant models fetch' (or point --model at a safetensors folder of a supported family)"
 
 
 class ModelNotFound(FileNotFoundError):
@@ -34,6 +34,30 @@ def _weight_files(model_dir: Path) -> list[Path]:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptModel(f"{index} is unreadable ({e!r}); {repair_hint(model_dir)}") from e
     return sorted(model_dir.glob("*.safetensors"))
+
+
+# Multimodal checkpoints (Gemma 3 4B and up) keep the text decoder under a prefix; the vision
+# tower and projector are not loaded.
+TEXT_PREFIXES = ("language_model.", "model.language_model.")
+VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
+
+
+def decoder_key(name: str) -> str | None:
+    """The :class:`Decoder` parameter a checkpoint tensor loads into; ``None``: not the decoder's.
+
+    ``model.layers.0...`` -> ``layers.0...``; multimodal ``language_model.model.layers.0...``
+    and ``model.language_model.layers.0...`` likewise.
+    """
+    if name.startswith(VISION_PREFIXES):
+        return None
+    for prefix in TEXT_PREFIXES:
+        name = name.removeprefix(prefix)
+    return name.removeprefix("model.")
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -93,7 +117,10 @@ def load_decoder(
         except (SafetensorError, OSError, ValueError) as e:
             raise CorruptModel(f"cannot read {path}: {e}; delete the folder and {FETCH_HINT}") from e
         _check_finite(path, shard)
-        state.update({k.removeprefix("model."): v for k, v in shard.items()})
+        for name, tensor in shard.items():
+            key = decoder_key(name)
+            if key is not None:
+                state[key] = tensor
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
         state["lm_head.weight"] = state.get("embed_tokens.weight", torch.empty(0))
@@ -105,9 +132,10 @@ def load_decoder(
         raise CorruptModel(f"weights in {model_dir} do not match its config.json: {e}") from e
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    # The non-persistent RoPE buffer was built on the meta device. Give it real storage for
-    # .to(), then recompute it after the cast: frequencies stay fp32 whatever the weights' dtype.
-    model.inv_freq = rope_inv_freq(config)
+    # The non-persistent buffers (RoPE, embedding scale) were built on the meta device. Give
+    # them real storage for .to(), then recompute them after the cast: RoPE frequencies stay
+    # fp32 whatever the weights' dtype.
+    model.reset_buffers()
     model = model.to(device=device, dtype=dtype).eval()
-    model.inv_freq = rope_inv_freq(config).to(device)
+    model.reset_buffers()
     return model

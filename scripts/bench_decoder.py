@@ -247,7 +247,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     store_path = ModelStore(ModelSettings().store_dir).path(DEFAULT_LLM)
-    p.add_argument("--model-dir", type=Path, default=store_path, help="Llama/Qwen2 safetensors folder")
+    p.add_argument("--model-dir", type=Path, default=store_path, help="safetensors folder (docs/models.md)")
     p.add_argument("--random-weights", action="store_true", help="time seeded random weights of --shape")
     p.add_argument("--shape", choices=sorted(SHAPES), help="model shape for --random-weights")
     keys = ", ".join(BACKENDS)

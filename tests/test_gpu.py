@@ -20,6 +20,7 @@ from engines.driver import DecoderDriver
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.config import DecoderConfig
 from models.weights import load_decoder
+from tests.families import FAMILIES, Family, family_prompt, greedy_run, reference_family, rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -153,3 +154,50 @@ def test_compiled_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(small_dir
     for n in (7, 240, 300):  # 240 + 64 crosses from the 256-slot window to the 512 one
         prompt = np.random.default_rng(n).integers(0, 49152, n).tolist()
         assert greedy(compiled, prompt) == greedy(eager, prompt), f"{n}-token prompt"
+
+
+# Every supported family (tests/families.py: tiny random models of real config shapes, sliding
+# windows of 8, longrope's switch at 64) on the GPU paths, against transformers' CPU greedy run.
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory) -> Family:
+    return reference_family(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def family_gpu(family, dtype, cuda_graph, compile=False):
+    # 16-token buckets chunk the 40-token prompt; 64-slot decode windows are crossed at 64.
+    options = TorchBackendOptions(
+        device="cuda", dtype=dtype, cuda_graph=cuda_graph, compile=compile, capacity_tokens=128,
+        prefill_buckets=(4, 16), decode_windows=(64,),
+    )  # fmt: skip
+    return load_torch_decoder(family.folder, NoTokenizer(), options)
+
+
+@pytest.mark.parametrize("cuda_graph", ["off", "on"])
+def test_family_fp32_on_cuda_gives_transformers_tokens(family, cuda_graph):
+    driver = family_gpu(family, "fp32", cuda_graph)
+    tokens, logits = greedy_run(driver, family_prompt())
+    errors = [rel_err(g, e) for g, e in zip(logits, family.logits, strict=True)]
+    print(f"{family.name} cuda fp32 cuda_graph={cuda_graph}: max logits rel err {max(errors):.1e}")
+    assert tokens == family.tokens
+    assert max(errors) < 1e-3  # cuBLAS sums in another order than the CPU
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_family_half_cuda_graph_tracks_transformers_fp32(family, dtype):
+    driver = family_gpu(family, dtype, "on")
+    driver.reset()  # teacher-forced: both see transformers' tokens
+    logits = [driver.prefill(family_prompt())] + [driver.decode(t) for t in family.tokens[:-1]]
+    errors = [rel_err(g, e) for g, e in zip(logits, family.logits, strict=True)]
+    agree = np.mean([int(g.argmax() == e.argmax()) for g, e in zip(logits, family.logits, strict=True)])
+    print(f"{family.name} cuda-graph {dtype}: max rel err {max(errors):.1e}, top-1 agreement {agree:.0%}")
+    assert max(errors) < (2e-2 if dtype == "fp16" else 5e-2)
+    assert agree >= 0.8
+
+
+@pytest.mark.parametrize("name", ["gemma2", "phi4-mini"])
+def test_family_compiled_cuda_graph_gives_transformers_tokens(name, tmp_path):
+    family = reference_family(name, tmp_path / name)
+    tokens, _ = greedy_run(family_gpu(family, "fp32", "on", compile=True), family_prompt())
+    assert tokens == family.tokens

@@ -146,7 +146,9 @@ def load_tensorrt_decoder(
     if step.handle is not None:  # TensorRT-RTX: kernels compiled at run time, kept between runs
         hit = step.handle.loaded
         emit_lookup(progress, "runtime_cache", hit, f"runtime cache {'hit' if hit else 'empty'}: {rc_path}")
-    driver = DecoderDriver(step, tokenizer, config.eos_token_ids)
+    driver = DecoderDriver(
+        step, tokenizer, config.eos_token_ids, rope_switch_tokens=config.rope_switch_tokens
+    )
     try:
         if options.warmup:
             warmup_ms = step.warm_up(options.prefill_opt_tokens, options.context_opt_tokens)
