@@ -11,6 +11,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import transformers
 from torch._dynamo.utils import counters
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -160,9 +161,32 @@ def test_compiled_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(small_dir
 # windows of 8, longrope's switch at 64) on the GPU paths, against transformers' CPU greedy run.
 
 
+# transformers 5.17 (the GPU machine's) and 5.25 (CI's) disagree from longrope's switch on: the
+# GPU machine's generate matched ours to 2e-7 up to position 63 and was 0.6 apart from 64 on
+# (docs/models.md). Ours follows 5.25, which tests/test_architectures.py checks on the CPU in CI.
+LONGROPE_REFERENCE = (5, 25)
+
+
+def our_cpu_reference(family: Family) -> Family:
+    """Our fp32 eager CPU run of ``family``: the reference where transformers' switch differs."""
+    options = TorchBackendOptions(device="cpu", dtype="fp32", cuda_graph="off")
+    tokens, logits = greedy_run(load_torch_decoder(family.folder, NoTokenizer(), options), family_prompt())
+    return Family(family.name, family.folder, tokens, logits)
+
+
+def family_reference(name: str, folder) -> Family:
+    """transformers' greedy run of family ``name``, or ours on the CPU where its longrope differs."""
+    reference = reference_family(name, folder)
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    if name == "phi4-mini" and version < LONGROPE_REFERENCE:
+        print(f"phi4-mini: transformers {transformers.__version__}: our CPU run is the reference")
+        return our_cpu_reference(reference)
+    return reference
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory) -> Family:
-    return reference_family(request.param, tmp_path_factory.mktemp(request.param))
+    return family_reference(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def family_gpu(family, dtype, cuda_graph, compile=False):
@@ -198,6 +222,6 @@ def test_family_half_cuda_graph_tracks_transformers_fp32(family, dtype):
 
 @pytest.mark.parametrize("name", ["gemma2", "phi4-mini"])
 def test_family_compiled_cuda_graph_gives_transformers_tokens(name, tmp_path):
-    family = reference_family(name, tmp_path / name)
+    family = family_reference(name, tmp_path / name)
     tokens, _ = greedy_run(family_gpu(family, "fp32", "on", compile=True), family_prompt())
     assert tokens == family.tokens
