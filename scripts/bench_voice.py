@@ -45,6 +45,7 @@ CONFIGS = {  # name -> 'assistant run' flags
     "today": "--turn-detection off --no-speculation --partials off --first-chunk-words 0".split(),
     "new": [],  # partials auto: off on 2 cores
     "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
+    "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }
 QUESTIONS = [
     "Tell me a fun fact about cats.",
