@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,31 @@ logger = logging.getLogger(__name__)
 
 FIX = "scripts/setup.sh --piper"
 NATURAL_RATE_WPM = 175  # rate_wpm at which Piper speaks at the voice's own speed
+CLAUSE_END = re.compile(r"(?<=[,;:])\s+")  # "8,849" has no space after its comma: not cut
+MIN_CLAUSE_WORDS = 4  # a shorter clause is rendered with the next one
+
+
+def clauses(text: str) -> list[str]:
+    """``text`` cut after its commas, semicolons and colons, each piece at least 4 words long.
+
+    Piper renders a sentence in one model call (about 1 s for 5 s of speech on one loaded
+    core), so a long sentence after a short first chunk left the speaker silent until all of
+    it was rendered; clause by clause, each plays while the next renders. A comma is a pause
+    in speech anyway, so the cut is not heard as one.
+    """
+    pieces: list[str] = []
+    current = ""
+    for part in CLAUSE_END.split(text.strip()):
+        current = f"{current} {part}".strip()
+        if len(current.split()) >= MIN_CLAUSE_WORDS:
+            pieces.append(current)
+            current = ""
+    if current:
+        if pieces:
+            pieces[-1] = f"{pieces[-1]} {current}"  # a short tail joins the clause before it
+        else:
+            pieces.append(current)
+    return pieces
 
 
 class PiperUnavailable(TtsUnavailable):
@@ -67,7 +93,7 @@ def voice_files(name: str, store: ModelStore) -> tuple[Path, Path]:
 
 
 class PiperSynthesizer:
-    """Renders text with a Piper voice (ONNX Runtime, CPU), one piece per sentence as it is ready.
+    """Renders text with a Piper voice (ONNX Runtime, CPU), one piece per clause as it is ready.
 
     Stateless between calls and safe from any thread (ONNX Runtime sessions are; piper
     locks its espeak-ng phonemizer): no owner thread. Warmed up on construction, so a
@@ -120,20 +146,20 @@ class PiperSynthesizer:
         return f"piper {self.name}"
 
     def stream(self, text: str) -> Iterator[np.ndarray]:
-        """``text`` as audio, one piece per sentence, each yielded as soon as Piper rendered it.
+        """``text`` as audio, piece by piece, each yielded as soon as Piper rendered it.
 
-        Lazy: the next sentence is rendered only when the caller asks for it, so closing the
+        A piece is a clause (:func:`clauses`), or a sentence within one (Piper's streaming).
+        Lazy: the next piece is rendered only when the caller asks for it, so closing the
         iterator early (a cancelled reply) renders nothing more.
 
         Yields:
             Mono float32 samples at ``options.sample_rate_hz``.
         """
-        if not text.strip():
-            return
-        for chunk in self._voice.synthesize(text, self._config):
-            audio = resample(chunk.audio_float_array, chunk.sample_rate, self.options.sample_rate_hz)
-            if audio.size:
-                yield audio
+        for clause in clauses(text):
+            for chunk in self._voice.synthesize(clause, self._config):
+                audio = resample(chunk.audio_float_array, chunk.sample_rate, self.options.sample_rate_hz)
+                if audio.size:
+                    yield audio
 
     def synthesize(self, text: str) -> np.ndarray:
         """Render ``text`` whole; mono float32 at ``options.sample_rate_hz`` (empty for blank text)."""

@@ -60,15 +60,18 @@ def words(text: str) -> list[str]:
 @pytest.mark.slow
 def test_the_reply_to_the_capital_question_is_heard_back_as_paris(piper, store):
     audio = piper.synthesize(PARIS)
+    clauses = piper.synthesize("Paris, the capital of France, lies on the Seine.")  # three pieces
     assert audio.dtype == np.float32 and audio.ndim == 1 and 0.8 <= audio.size / 16000 <= 6.0
     assert 0.02 < float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) and np.abs(audio).max() <= 1.0
     transcriber = Transcriber(AsrOptions(), store)
     text = transcriber.transcribe(audio).text
     assert "paris" in words(text), text
+    heard = words(transcriber.transcribe(clauses).text)
+    assert {"paris", "capital", "france"} <= set(heard), heard
     assert piper.description == VOICE
 
 
-def test_each_sentence_is_handed_over_before_the_next_is_rendered(piper):
+def test_each_sentence_and_clause_is_handed_over_before_the_next_is_rendered(piper):
     """Piper's streaming API, as the pipeline uses it: piece 1 arrives before piece 2 is rendered."""
     order: list[str] = []
     render = piper._voice.phoneme_ids_to_audio  # a spy on the real ONNX call; it still runs
@@ -83,6 +86,11 @@ def test_each_sentence_is_handed_over_before_the_next_is_rendered(piper):
         for _piece in piper.stream(text):
             order.append("audio")
         assert order == ["render", "audio"] * 3, order
+
+        order.clear()  # a long sentence: clause by clause ("8,849" is no clause end)
+        text = "Everest is 8,849 meters tall, the highest mountain on Earth, and very cold up there."
+        pieces = list(piper.stream(text))
+        assert len(pieces) == 3 and order == ["render"] * 3, order
 
         order.clear()
         stream = piper.stream(text)
@@ -326,3 +334,19 @@ def test_barge_in_stops_the_piper_reply_on_the_virtual_speaker(pulse, voice_fold
     rendered_s = sum(e["audio_ms"] for e in events if e["event"] == "AudioReady" and e["turn_id"] == 1) / 1000
     bursts = sound_bursts(read_wav(recording))
     assert bursts and bursts[0][1] - bursts[0][0] < rendered_s - 0.5, (bursts, rendered_s)
+
+
+def test_bench_tts_times_both_engines_side_by_side(voice_folder, tmp_path):
+    """scripts/bench_tts.py in one short round, so that it cannot rot unnoticed."""
+    out_json = tmp_path / "bench-tts.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_tts.py"), "--rounds", "1", "--json", str(out_json)]
+    cmd += ["--piper-voice", str(onnx_of(voice_folder))]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (
+        "| pyttsx3 (espeak-ng) | 12 |" in out.stdout
+        and "| piper en_US-joe-medium (1 thread) | 12 |" in out.stdout
+    )
+    stats = json.loads(out_json.read_text())["stats"]
+    for s in stats.values():
+        assert 0 < s["first_audio_median_ms"] <= s["render_median_ms"] and s["audio_median_ms"] > 500
