@@ -88,7 +88,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="NAME|FILE.onnx",
         help="Piper voice (default en_US-joe-medium)",
     )
-    g.add_argument("--tts-threads", dest="tts.threads", type=int, metavar="N", help="Piper's CPU threads")
+    g.add_argument(
+        "--tts-threads",
+        dest="tts.threads",
+        type=int,
+        metavar="N",
+        help="Piper's CPU threads (default 1; 0: one per core)",
+    )
     g.add_argument(
         "--voice", dest="tts.voice", metavar="VOICE", help="pyttsx3 voice (id or name part, e.g. en-us)"
     )
