@@ -77,7 +77,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
     g.add_argument(
-        "--voice", dest="tts.voice", metavar="VOICE", help="TTS voice (id or name part, e.g. en-us)"
+        "--tts",
+        dest="tts.engine",
+        choices=["pyttsx3", "piper"],
+        help="text to speech: pyttsx3 (espeak-ng, default) or piper (natural voice, opt-in: scripts/setup.sh "
+        "--piper; falls back to pyttsx3, saying why)",
+    )
+    g.add_argument(
+        "--piper-voice",
+        dest="tts.piper_voice",
+        metavar="NAME|FILE.onnx",
+        help="Piper voice (default en_US-joe-medium)",
+    )
+    g.add_argument(
+        "--tts-threads",
+        dest="tts.threads",
+        type=int,
+        metavar="N",
+        help="Piper's CPU threads (default 1; 0: one per core)",
+    )
+    g.add_argument(
+        "--voice", dest="tts.voice", metavar="VOICE", help="pyttsx3 voice (id or name part, e.g. en-us)"
     )
     g.add_argument(
         "--tts-rate", dest="tts.rate_wpm", type=int, metavar="WPM", help="speaking rate, words per minute"
@@ -201,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="bundled models: fetch, list")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch = models_sub.add_parser("fetch", help="download and convert the bundled models")
-    fetch.add_argument("names", nargs="*", help=f"default: all ({', '.join(BUNDLED)})")
+    default = ", ".join(n for n, m in BUNDLED.items() if not m.optional)
+    fetch.add_argument("names", nargs="*", help=f"default: {default}, and the Piper voice with --tts piper")
     fetch.add_argument("--force", action="store_true", help="fetch again even when present")
     fetch.add_argument(
         "--check",

@@ -204,10 +204,15 @@ class SentenceReady(Event):
 
 @dataclass(frozen=True)
 class AudioReady(Event):
-    """TTS rendered a sentence; ``audio_ms`` is its length."""
+    """TTS rendered a piece of sentence ``index``; ``audio_ms`` is its length.
+
+    ``part`` counts the pieces of one sentence: a streaming voice (Piper) renders a text of
+    several sentences piece by piece, and each piece plays as soon as it is ready.
+    """
 
     index: int = 0
     audio_ms: float = 0.0
+    part: int = 0
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class TurnRecord:
     backend_fallback: str = ""  # why --backend auto runs ``backend`` and not the TensorRT it picked
     llm_model: str = ""
     asr_model: str = ""
+    tts_voice: str = ""  # "piper en_US-joe-medium", "pyttsx3 en-us"; empty without TTS (text only)
     cancelled: str = ""
     timestamps_ns: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
@@ -135,11 +136,13 @@ def build_record(
     llm_model: str = "",
     asr_model: str = "",
     backend_fallback: str = "",
+    tts_voice: str = "",
 ) -> TurnRecord:
     """Fold one turn's events into its record (pure: no clock, no I/O)."""
     rec = TurnRecord(
         turn_id, backend=backend, backend_fallback=backend_fallback, llm_model=llm_model, asr_model=asr_model
     )
+    rec.tts_voice = tts_voice
     ts = rec.timestamps_ns
     tokens: list[TokenGenerated] = []
     mine = [e for e in events if e.turn_id == turn_id]
@@ -231,7 +234,16 @@ def percentiles(records: Sequence[TurnRecord], keys: Sequence[str] = STAGES) -> 
     return out
 
 
-REPORT_COLUMNS = ("turn_id", "transcript", "reply", "cancelled", "backend", "llm_model", "asr_model")
+REPORT_COLUMNS = (
+    "turn_id",
+    "transcript",
+    "reply",
+    "cancelled",
+    "backend",
+    "llm_model",
+    "asr_model",
+    "tts_voice",
+)
 
 
 def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tuple[Path, Path]:

@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -67,8 +67,13 @@ class Transcribes(Protocol):
 class Synthesizes(Protocol):
     """The TTS stage as the pipeline uses it."""
 
-    def synthesize(self, text: str) -> np.ndarray:
-        """16 kHz mono float32 audio of ``text``."""
+    @property
+    def description(self) -> str:
+        """The engine and voice, for the turn record (``piper en_US-joe-medium``)."""
+        ...
+
+    def stream(self, text: str) -> Iterator[np.ndarray]:
+        """16 kHz mono float32 audio of ``text``, piece by piece as it is rendered (lazy)."""
         ...
 
 
@@ -416,19 +421,25 @@ class VoicePipeline:
                 continue  # drain without speaking
             index, sentence = item
             assert self.synthesizer is not None  # _answer speaks only with one
-            audio = self.synthesizer.synthesize(sentence)
-            self.emit(AudioReady(turn, time.monotonic_ns(), index, 1000 * audio.size / SAMPLE_RATE_HZ))
-            if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
-                continue
-            if not losses:
-                losses.append(getattr(sink, "losses", 0))
-            try:
-                sink.play(turn, audio)
-            except DeviceLostError as e:
-                lost.append(str(e))
-                continue
-            spoken.append((sentence, offset, audio.size))
-            offset += audio.size
+            played = 0
+            # Each piece plays as soon as it is rendered (Piper: one per sentence it finds),
+            # while the next is rendered; a cancelled reply renders no further piece.
+            for part, audio in enumerate(self.synthesizer.stream(sentence)):
+                ms = 1000 * audio.size / SAMPLE_RATE_HZ
+                self.emit(AudioReady(turn, time.monotonic_ns(), index, ms, part))
+                if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
+                    break
+                if not losses:
+                    losses.append(getattr(sink, "losses", 0))
+                try:
+                    sink.play(turn, audio)
+                except DeviceLostError as e:
+                    lost.append(str(e))
+                    break
+                played += audio.size
+            if played:
+                spoken.append((sentence, offset, played))
+                offset += played
 
     @staticmethod
     def _heard(spoken: list[tuple[str, int, int]], played_samples: int) -> str:
@@ -460,6 +471,7 @@ class VoicePipeline:
             backend_fallback=getattr(self.dialogue.decoder, "fallback", ""),
             llm_model=self.llm_model,
             asr_model=self.transcriber.description,
+            tts_voice=self.synthesizer.description if self.synthesizer is not None else "",
         )
         self.records.append(record)
         if self.options.log_path:

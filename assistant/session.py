@@ -20,6 +20,7 @@ from assistant.llm import load_llm
 from assistant.pipeline import PipelineOptions, VoicePipeline
 from assistant.splitter import SentenceSplitter
 from assistant.tts import Synthesizer
+from assistant.tts_piper import PiperSynthesizer, open_synthesizer
 from assistant.turn import TurnOptions, describe, end_of_turn_policy, with_partials_resolved
 from assistant.vad import EndOfTurn, Endpointer, FixedSilence, VadOptions
 from engines.progress import EngineProgress, ProgressCallback
@@ -95,6 +96,7 @@ class SessionInfo:
     backend: str = ""
     engine: str = ""
     turn: str = ""
+    tts: str = ""
     warm_up_ms: dict[str, float] = field(default_factory=dict)
     load_s: float = 0.0
 
@@ -106,7 +108,7 @@ class Session:
     dialogue: Dialogue
     pipeline: VoicePipeline
     transcriber: Transcriber | None = None
-    synthesizer: Synthesizer | None = None
+    synthesizer: Synthesizer | PiperSynthesizer | None = None
     mic: Microphone | None = None
     speaker: Speaker | None = None
     notices: list[str] = field(default_factory=list)
@@ -133,6 +135,7 @@ class Session:
             backend=self.dialogue.decoder.name,
             engine=getattr(self.dialogue.decoder, "cache_status", ""),
             turn=describe(self.turn_policy) if self.turn_policy else "",
+            tts=self.synthesizer.description if self.synthesizer else "",
             warm_up_ms=dict(self.warm_up_ms),
             load_s=self.load_s,
         )
@@ -208,7 +211,8 @@ def build_session(
             raise LoadCancelled(f"cancelled while {text}")
         progress(text, fraction)
 
-    mic = speaker = synthesizer = decoder = None
+    mic = speaker = decoder = None
+    synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
     notices: list[str] = []
     if devices:
@@ -247,8 +251,9 @@ def build_session(
             if notice:
                 notices.append(notice)
         if tts or (tts is None and speaker is not None):
-            step("starting TTS", 0.9)
-            synthesizer = Synthesizer(settings.tts)
+            step(f"starting TTS ({settings.tts.engine})", 0.9)
+            store = ModelStore(settings.models.store_dir)
+            synthesizer = open_synthesizer(settings.tts, store, notices.append)  # Piper: else pyttsx3
         step("ready", 1.0)
     except BaseException as e:
         for stage in (mic, speaker, synthesizer):

@@ -1,4 +1,7 @@
-"""Text to speech: a pyttsx3 (espeak-ng) synthesizer on one owner thread (splitting: ``splitter.py``)."""
+"""Text to speech: a pyttsx3 (espeak-ng) synthesizer on one owner thread (splitting: ``splitter.py``).
+
+The optional Piper voice (``engine = "piper"``) is in :mod:`assistant.tts_piper`.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import tempfile
 import threading
 import time
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +22,7 @@ import numpy as np
 
 from assistant.audio import resample
 from engines.bounds import bounds
+from models.store import DEFAULT_PIPER_VOICE
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ T = TypeVar("T")
 INSTALL_HINT = "apt-get install libespeak-ng1 espeak-ng"
 RENDER_TIMEOUT_S = 15.0  # espeak-ng renders ~100x faster than real time; this means it is stuck
 WARM_UP_TEXT = "Ready."
+ENGINES = ("pyttsx3", "piper")
 
 
 class TtsError(RuntimeError):
@@ -39,17 +44,28 @@ class TtsUnavailable(TtsError):
 
 @dataclass(frozen=True)
 class TtsOptions:
-    """The espeak-ng voice and output format.
+    """The engine, its voice and the output format.
 
-    ``voice`` is a voice id (``gmw/en-us``), the part after the slash (``en-us``) or part of
-    a name (``America``); ``None`` keeps espeak-ng's default. Output is resampled from
-    espeak-ng's 22050 Hz to ``sample_rate_hz`` mono float32.
+    ``engine`` is ``pyttsx3`` (espeak-ng, the default) or ``piper`` (the neural voice
+    ``piper_voice``: a store name or a ``.onnx`` file with its ``.onnx.json`` beside it, run
+    on ``threads`` ONNX Runtime threads, 0 = one per core). ``voice`` is pyttsx3's voice id
+    (``gmw/en-us``), the part after the slash (``en-us``) or part of a name (``America``);
+    ``None`` keeps espeak-ng's default. ``rate_wpm`` is espeak-ng's rate; Piper speaks at
+    ``rate_wpm / 175`` times its natural speed. Output is resampled from the engine's
+    22050 Hz to ``sample_rate_hz`` mono float32.
     """
 
     voice: str | None = None
     rate_wpm: int = field(default=175, metadata=bounds(min=80, max=450))  # espeak-ng's range
     volume: float = field(default=1.0, metadata=bounds(min=0.0, max=1.0))
     sample_rate_hz: int = field(default=16000, metadata=bounds(min=8000, max=48000))
+    engine: str = "pyttsx3"
+    piper_voice: str = DEFAULT_PIPER_VOICE
+    threads: int = field(default=1, metadata=bounds(min=0, max=64))
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"tts engine {self.engine!r}: use one of {', '.join(ENGINES)}")
 
 
 class Synthesizer:
@@ -106,6 +122,17 @@ class Synthesizer:
         if not text.strip():
             return np.zeros(0, np.float32)
         return self._call(lambda engine: self._render(engine, text))
+
+    def stream(self, text: str) -> Iterator[np.ndarray]:
+        """``text`` as audio pieces as they are ready: one here (espeak-ng renders it whole)."""
+        audio = self.synthesize(text)
+        if audio.size:
+            yield audio
+
+    @property
+    def description(self) -> str:
+        """The engine and voice, as the status bar and the turn record show them."""
+        return f"pyttsx3 {self.options.voice or 'default'}"
 
     def voices(self) -> list[str]:
         """Ids of the installed espeak-ng voices (``gmw/en-us``...)."""

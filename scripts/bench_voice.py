@@ -45,6 +45,7 @@ CONFIGS = {  # name -> 'assistant run' flags
     "today": "--turn-detection off --no-speculation --partials off --first-chunk-words 0".split(),
     "new": [],  # partials auto: off on 2 cores
     "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
+    "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }
 QUESTIONS = [
     "Tell me a fun fact about cats.",
@@ -219,6 +220,23 @@ def judge(q: Question, turn: dict) -> dict:
     return {"exact": exact, "cut_off": cut, "rejoined_after_endpoint": rejoined}
 
 
+def gaps_ms(record: dict, events: list[dict]) -> list[float]:
+    """Silences inside a reply: a piece ready only after what was queued before it had played.
+
+    From the answering run's ``AudioReady`` events (after its last discarded speculation),
+    assuming each piece plays right after the one before (a stalled device adds more).
+    """
+    mine = [e for e in events if e["turn_id"] == record["turn_id"]]
+    last = max((i for i, e in enumerate(mine) if e["event"] == "SpeculationDiscarded"), default=-1)
+    ready = [e for e in mine[last + 1 :] if e["event"] == "AudioReady"]
+    end, found = record["timestamps_ns"].get("first_audio"), []
+    for i, e in enumerate(ready if end else []):
+        if i and e["t_ns"] > end:
+            found.append((e["t_ns"] - end) / 1e6)
+        end = max(end, e["t_ns"]) + e["audio_ms"] * 1e6
+    return found
+
+
 def stats(questions: list[Question], result: dict) -> dict:
     """Median, P95 and max per metric over the config's records, plus turn-taking counts."""
     turns = result["turns"]
@@ -234,6 +252,7 @@ def stats(questions: list[Question], result: dict) -> dict:
                 "n": int(values.size),
             }
     verdicts = [judge(q, t) for q, t in zip(questions, turns, strict=True)]
+    gaps = [g for t in turns for r in t["records"] for g in gaps_ms(r, t["events"])]
     return {
         "metrics": metrics,
         "questions": len(turns),
@@ -246,6 +265,9 @@ def stats(questions: list[Question], result: dict) -> dict:
         "resumed": sum(r.get("resumed", 0) for r in records),
         "discarded": sum(r.get("discarded", 0) for r in records),
         "partials_per_turn": sum(r.get("partials", 0) for r in records) / max(len(records), 1),
+        "reply_gaps": len(gaps),
+        "reply_gaps_turns": sum(bool(gaps_ms(r, t["events"])) for t in turns for r in t["records"]),
+        "reply_gaps_total_ms": float(sum(gaps)),
         "backends": sorted({r["backend"] for r in records}),
         "verdicts": verdicts,
     }
@@ -274,6 +296,9 @@ def table(all_stats: dict[str, dict]) -> str:
             f"{s['resumed']} / {s['rejoined_after_endpoint']} / {s['discarded']}"
         ),
         "partials per turn": lambda s: f"{s['partials_per_turn']:.1f}",
+        "silences inside replies (turns, total s)": lambda s: (
+            f"{s['reply_gaps']} ({s.get('reply_gaps_turns', 0)}, {s['reply_gaps_total_ms'] / 1000:.1f})"
+        ),
     }
     for label, cell in counts.items():
         lines.append(f"| {label} |" + "".join(f" {cell(s)} | |" for s in all_stats.values()))

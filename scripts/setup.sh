@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything the assistant needs on this machine: system packages, .venv, models.
 #   scripts/setup.sh          runtime only
-#   scripts/setup.sh --dev    plus test tools and the packages the tests use
+#   scripts/setup.sh --dev    plus test tools and the packages the tests use (Piper included)
+#   scripts/setup.sh --piper  plus the natural voice (--tts piper): piper-tts (GPL-3.0-or-later,
+#                             so opt-in) and the voice en_US-joe-medium; or ASSISTANT_PIPER=1
 # Re-running is cheap: each step is skipped when already done.
 # With an NVIDIA GPU it also installs the TensorRT that fits the GPU and driver (chosen by
 # engines/tensorrt/install.py from nvidia-smi); if that install fails, setup says so in one line
@@ -10,7 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
-[[ "${1:-}" == "--dev" ]] && dev=1
+piper=0
+[[ "${ASSISTANT_PIPER:-0}" == 1 ]] && piper=1
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1; piper=1 ;;
+    --piper) piper=1 ;;
+    *) echo "usage: scripts/setup.sh [--dev] [--piper]" >&2; exit 2 ;;
+  esac
+done
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -53,6 +63,7 @@ if (( gpu )); then
   read -r extras tensorrt why <<<"$choice"
 fi
 (( dev )) && extras="${extras:+$extras,}dev"
+(( piper )) && extras="${extras:+$extras,}piper"
 stamp=.venv/.setup-stamp
 want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
 have=$(cat "$stamp" 2>/dev/null || true)
@@ -82,3 +93,8 @@ if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; the
 fi
 
 .venv/bin/assistant models fetch
+if (( piper )); then
+  voice=en_US-joe-medium
+  # Fetched when missing, and again when damaged (the notice of a damaged voice names this script).
+  .venv/bin/assistant models fetch --check "$voice" >/dev/null 2>&1 || .venv/bin/assistant models fetch --force "$voice"
+fi

@@ -89,6 +89,24 @@ def test_a_spoken_question_answered_from_a_file_opens_no_network_connection(tmp_
     assert calls == [], "network calls during a file-mode turn:\n" + "\n".join(calls[:10])
 
 
+def test_a_spoken_reply_in_the_piper_voice_opens_no_network_connection(tmp_path):
+    """piper-tts runs its voice on ONNX Runtime and its own espeak-ng: nothing may go online."""
+    import json
+
+    from tests.piper_voice import onnx_of, piper_voice_folder
+
+    voice = onnx_of(piper_voice_folder(tmp_path / "store"))
+    speak("What is the capital of France?", tmp_path, "q")
+    reply, log = tmp_path / "r.wav", tmp_path / "turns.jsonl"
+    args = ["run", "--input", str(tmp_path / "q.wav"), "--output", str(reply), "--max-new-tokens", "16"]
+    args += ["--tts", "piper", "--piper-voice", str(voice), "--log", str(log)]
+    out, calls = traced(args, tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "notice: Piper" not in out.stderr and reply.stat().st_size > 10_000, out.stderr
+    assert json.loads(log.read_text())["tts_voice"] == "piper en_US-joe-medium"  # Piper did speak
+    assert calls == [], "network calls during a Piper turn:\n" + "\n".join(calls[:10])
+
+
 def test_a_typed_chat_turn_opens_no_network_connection(tmp_path):
     question = "What is the capital of France?\n"
     out, calls = traced(["chat", "--max-new-tokens", "16"], tmp_path, stdin=question)

@@ -264,7 +264,8 @@ class StatusBar(Static):
         llm = f" LLM {i.llm or '-'} ({i.backend or '-'})  engine: {i.engine or '-'}"
         if i.turn:
             line1.append(f"  turn: {i.turn}")
-        rest = f" ASR {i.asr or 'none'}  warm-up {warm}  GPU {self.gpu or 'none'}"
+        tts = f"  TTS {i.tts}" if i.tts else ""  # the voice speaking: "piper en_US-joe-medium"
+        rest = f" ASR {i.asr or 'none'}{tts}  warm-up {warm}  GPU {self.gpu or 'none'}"
         lines = [line1, Text(f"{llm} {rest}")]
         if len(lines[1]) > self.size.width:
             lines = [line1, Text(llm), Text(rest)]
