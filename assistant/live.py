@@ -28,7 +28,8 @@ from assistant.events import (
     SpeechStarted,
     TurnCancelled,
 )
-from assistant.pipeline import MICROPHONE_LOST, ReplyGate, VoicePipeline
+from assistant.pipeline import VoicePipeline
+from assistant.stages import MICROPHONE_LOST, ReplyGate
 from assistant.turn import TurnOptions
 from assistant.vad import Endpointer
 

@@ -17,8 +17,9 @@ from assistant.devices import AudioDeviceError
 from assistant.dialogue import Dialogue
 from assistant.events import Event
 from assistant.llm import load_llm
-from assistant.pipeline import PipelineOptions, VoicePipeline
+from assistant.pipeline import VoicePipeline
 from assistant.splitter import SentenceSplitter
+from assistant.stages import PipelineOptions
 from assistant.tts import Synthesizer
 from assistant.tts_piper import PiperSynthesizer, open_synthesizer
 from assistant.turn import TurnOptions, describe, end_of_turn_policy, with_partials_resolved

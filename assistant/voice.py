@@ -36,7 +36,8 @@ from assistant.events import (
 from assistant.files import atomic_write
 from assistant.latency import TurnRecord
 from assistant.live import LiveLoop
-from assistant.pipeline import MICROPHONE_LOST, SPEAKER_LOST, PipelineOptions, VoicePipeline
+from assistant.pipeline import VoicePipeline
+from assistant.stages import MICROPHONE_LOST, SPEAKER_LOST, PipelineOptions
 from assistant.turn import TurnOptions
 from assistant.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
 

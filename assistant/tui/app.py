@@ -32,8 +32,8 @@ from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDo
 from assistant.gpu import GpuMonitor
 from assistant.latency import TurnRecord, build_record, export_report
 from assistant.live import LiveLoop
-from assistant.pipeline import PipelineOptions
 from assistant.session import LoadCancelled, Progress, Session
+from assistant.stages import PipelineOptions
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.fold import TurnFold
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
