@@ -260,6 +260,7 @@ def start_audio() -> dict[str, str]:
 def run(args: argparse.Namespace, app_args: list[str]) -> dict:
     """Start the app, ask every question, sample; the report (``errors`` when it stopped early)."""
     env = start_audio()
+    load_start = os.getloadavg()
     work = args.work or Path(tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "turns.jsonl"
@@ -315,12 +316,13 @@ def run(args: argparse.Namespace, app_args: list[str]) -> dict:
         errors += app.stop()
     if app.losses:
         errors.append(f"the app reported {len(app.losses)} audio device losses, first: {app.losses[0]}")
-    return build_report(args, app_args, cmd, work, log, spoken[:asked], samples, errors, duration_s)
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_start": load_start}
+    return build_report(args, app_args, cmd, work, log, spoken[:asked], samples, errors, duration_s, machine)
 
 
-def build_report(args, app_args, cmd, work, log, spoken, samples, errors, duration_s) -> dict:
+def build_report(args, app_args, cmd, work, log, spoken, samples, errors, duration_s, machine) -> dict:
     records = read_records(log)
-    warm = report_.warmup_turns(args.turns, args.warmup_share)
+    warm, trim = report_.fit_start(samples, args.turns, args.warmup_share)
     turns = [s["turn"] for s in samples]
     growth = {
         "rss": report_.growth(turns, [s["rss_bytes"] for s in samples], warm),
@@ -331,8 +333,8 @@ def build_report(args, app_args, cmd, work, log, spoken, samples, errors, durati
     return {
         "command": shlex.join(["scripts/soak.py", *sys.argv[1:]]),
         "app_command": shlex.join(["assistant", *cmd[3:], *app_args]),
-        "config": {k: v for k, v in vars(args).items() if k not in ("json", "work")} | {"warmup_turns": warm},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_end": os.getloadavg()},
+        "config": {k: v for k, v in vars(args).items() if k not in ("json", "work")},
+        "machine": machine | {"load_avg_end": os.getloadavg()},
         "git": subprocess.run(
             ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
         ).stdout.strip(),
@@ -349,10 +351,13 @@ def build_report(args, app_args, cmd, work, log, spoken, samples, errors, durati
             "cut": {k: v for k, v in cancelled.items() if k in report_.CUT_REASONS},
         },
         "samples": samples,
-        "rss_after_warmup_mb": (after_warm["rss_bytes"] / report_.MB) if after_warm else 0.0,
+        "fit_from_turn": warm,
+        "first_trim_turn": trim,
+        "rss_fit_start_mb": (after_warm["rss_bytes"] / report_.MB) if after_warm else 0.0,
         "growth": {k: (vars(g) if g else None) for k, g in growth.items()},
         "latency": {k: report_.latency(records, k) for k in report_.LATENCIES},
         "drift": {k: report_.drift(records, k) for k in report_.LATENCIES},
+        "trims": report_.trims(records),
         "errors": errors,
         "turns": [
             {
@@ -373,11 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args, app_args)
     problems = report_.failures(result, args.max_growth_mb) if result["samples"] else result["errors"]
     result["failures"], result["passed"] = problems, not problems
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
     if result["samples"]:
         print(report_.table(result, args.max_growth_mb))
     print(f"\napp: {result['app_command']}\nlogs: {result['work']}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
     for line in problems:
         print(f"SOAK FAILED: {line}", file=sys.stderr)
     if not problems:

@@ -1,9 +1,11 @@
 """The soak test (``scripts/soak.py``): a short real run, and its growth verdict on made-up series.
 
 The short run is the CI version of the 200-turn soak in docs/benchmarks.md: the real app on
-the virtual sound devices, mostly typed turns and a few spoken ones, sampled every 4 turns.
-It is too short to judge growth (the context fills all the way through, which is growth by
-design), so its limit is lifted; the verdict itself is tested on series below.
+the virtual sound devices, 16 typed turns and 4 spoken ones, sampled every 2 turns, with a
+256-token context so that the conversation is trimmed within the run (the growth is fitted
+after the first trim, as in a long soak). Six samples over ten turns are too few to judge
+growth (one allocator step is +50 MB per 100 turns there), so its limit is lifted; the
+verdict itself is tested on series below.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import soak_report  # noqa: E402
 from soak import schedule  # noqa: E402
 
-TURNS, EVERY = 20, 4
+TURNS, EVERY = 20, 2
 
 
 @pytest.mark.slow
@@ -30,7 +32,9 @@ def test_a_short_soak_answers_every_turn_and_the_metrics_count_them(pulse, tmp_p
     cmd = [sys.executable, str(ROOT / "scripts" / "soak.py"), "--turns", str(TURNS), "--typed-ratio", "0.8"]
     cmd += ["--sample-every", str(EVERY), "--max-growth-mb", "100000", "--turn-timeout-s", "60"]
     cmd += ["--work", str(tmp_path / "work"), "--json", str(out), "--", "--max-new-tokens", "8"]
-    cmd += ["--tts-rate", "350"]  # short replies, spoken quickly: a turn waits for its playback
+    # Short replies spoken quickly (a turn waits for its playback); a context small enough to
+    # be trimmed within the run, so the growth is fitted after the trim as in a long soak.
+    cmd += ["--tts-rate", "350", "--context-tokens", "256"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
@@ -52,46 +56,73 @@ def test_a_short_soak_answers_every_turn_and_the_metrics_count_them(pulse, tmp_p
     for s in samples:  # the counter equals the log at every sample, and RSS is read both ways
         assert s["metrics_turns"] == s["log_records"] == s["turn"], s
         assert s["rss_bytes"] > 100e6 and s["metrics_rss_bytes"] == pytest.approx(s["rss_bytes"], rel=0.1)
-    assert samples[-1]["kv_cache_tokens"] > samples[1]["kv_cache_tokens"]  # the conversation grew
-    assert report["growth"]["rss"]["samples"] == 4  # turns 8-20: after the first quarter
-    assert "| **RSS growth after warm-up** |" in done.stdout and "soak passed: 20 turns" in done.stderr
+    # The conversation filled the 256 tokens and was trimmed; the growth is fitted from then on.
+    trim = report["first_trim_turn"]
+    assert trim is not None and report["trims"] and trim - EVERY < report["trims"][0]["turn_id"] <= trim
+    assert report["growth"]["rss"]["first_turn"] == report["fit_from_turn"] == max(trim, 5)
+    assert "| **RSS growth after the warm-up** |" in done.stdout and "soak passed: 20 turns" in done.stderr
 
 
 MB = 1e6
-TURN_AXIS = list(range(0, 201, 10))
+TURN_AXIS = list(range(0, 201, 10))  # a sample every 10 turns of a 200-turn soak
 
 
-def a_report(rss_mb: list[float]) -> dict:
-    """What soak.py reports, for ``failures``: samples every 10 turns, growth fitted after turn 50."""
+def a_report(rss_mb: list[float], kv_tokens: list[int] | None = None) -> dict:
+    """What soak.py reports, as far as ``failures`` reads it; growth fitted as soak.py fits it."""
+    kv_tokens = kv_tokens or [100 * (i + 1) for i in range(len(TURN_AXIS))]  # never trimmed
     samples = [
-        {"turn": t, "rss_bytes": v * MB, "gpu_used_bytes": None, "metrics_turns": t, "log_records": t}
-        for t, v in zip(TURN_AXIS, rss_mb, strict=True)
+        {"turn": t, "rss_bytes": v * MB, "gpu_used_bytes": None, "kv_cache_tokens": kv}
+        | {"metrics_turns": t, "log_records": t}
+        for t, v, kv in zip(TURN_AXIS, rss_mb, kv_tokens, strict=True)
     ]
-    warm = soak_report.warmup_turns(200, 0.25)
+    start, trim = soak_report.fit_start(samples, 200, 0.25)
     growth = {
-        "rss": soak_report.growth(TURN_AXIS, [s["rss_bytes"] for s in samples], warm),
-        "gpu_memory": soak_report.growth(TURN_AXIS, [None] * len(samples), warm),
+        "rss": soak_report.growth(TURN_AXIS, [s["rss_bytes"] for s in samples], start),
+        "gpu_memory": soak_report.growth(TURN_AXIS, [None] * len(samples), start),
     }
-    growth = {k: vars(g) if g else None for k, g in growth.items()}
-    return {"samples": samples, "growth": growth, "counts": {"cut": {}}, "errors": []}
+    return {
+        "samples": samples,
+        "growth": {k: vars(g) if g else None for k, g in growth.items()},
+        "first_trim_turn": trim,
+        "counts": {"cut": {}},
+        "errors": [],
+    }
 
 
-def test_memory_that_keeps_growing_fails_the_soak():
-    rss = [1000 + 0.3 * t for t in TURN_AXIS]  # 0.3 MB a turn: 30 MB per 100 turns
-    report = a_report(rss)
+# The context fills up to turn 75 (KV cache 300 -> 1900 tokens, RSS +3 MB a turn), is trimmed
+# to half there (RSS jumps: the re-prefill's peak), then refills and is trimmed every 40 turns.
+KV_TOKENS = [300 + 230 * i for i in range(8)] + [1100 + 200 * (i % 4) for i in range(13)]
+FILLING_MB = [1350 + 30 * i for i in range(8)]  # turns 0-70
+
+
+def test_memory_that_keeps_growing_after_the_first_trim_fails_the_soak():
+    rss = FILLING_MB + [1700 + 0.3 * (t - 80) for t in TURN_AXIS[8:]]  # then 0.3 MB a turn
+    report = a_report(rss, KV_TOKENS)
+    assert report["first_trim_turn"] == 80 and report["growth"]["rss"]["first_turn"] == 80
     assert report["growth"]["rss"]["per_100_turns_mb"] == pytest.approx(30)
     (problem,) = soak_report.failures(report, max_growth_mb=20)
-    assert problem.startswith("RSS grows +30.0 MB per 100 turns after turn 50 (limit 20")
+    assert problem == (
+        "RSS grows +30.0 MB per 100 turns after turn 80 (limit 20, --max-growth-mb): "
+        "a leak, or a cache that keeps growing"
+    )
 
 
-def test_a_start_up_jump_then_flat_memory_passes():
-    # Start-up allocation, then the context filling (+180 MB) up to turn 40, then flat with
-    # allocator noise of +-1.5 MB: a fit over every sample would call that +60 MB per 100 turns.
-    rss = [1000, 1060, 1120, 1150, 1180] + [1180 + (1.5 if i % 2 else -1.5) for i in range(16)]
-    report = a_report(rss)
+def test_start_up_and_the_context_filling_then_flat_memory_passes():
+    # Allocator noise of +-1.5 MB after the trim; a fit from the warm-up share alone (turn 50)
+    # would count the filling and the trim's jump, a fit over every sample even more.
+    rss = FILLING_MB + [1700 + (1.5 if i % 2 else -1.5) for i in range(13)]
+    report = a_report(rss, KV_TOKENS)
     assert abs(report["growth"]["rss"]["per_100_turns_mb"]) < 2
     assert soak_report.failures(report, max_growth_mb=20) == []
-    assert soak_report.growth(TURN_AXIS, [v * MB for v in rss], 0).per_100_turns_mb > 20
+    rss_bytes = [v * MB for v in rss]
+    assert soak_report.growth(TURN_AXIS, rss_bytes, 50).per_100_turns_mb > 50  # the real run: +88.8
+    assert soak_report.growth(TURN_AXIS, rss_bytes, 0).per_100_turns_mb > 100
+
+
+def test_growth_while_the_context_never_filled_says_so():
+    report = a_report([1350 + 0.5 * t for t in TURN_AXIS])
+    (problem,) = soak_report.failures(report, max_growth_mb=20)
+    assert "after turn 50" in problem and "the context never filled during the run" in problem
 
 
 def test_counts_that_disagree_and_cut_replies_fail_too():
