@@ -18,13 +18,25 @@ CUT_REASONS = ("speaker lost", "microphone lost", "interrupted")  # a reply the 
 
 @dataclass(frozen=True)
 class Growth:
-    """A least-squares line through the samples after the warm-up: MB per 100 turns."""
+    """Least-squares lines through the samples after the warm-up, in MB per 100 turns.
+
+    ``last_half_per_100_turns_mb`` is the line through the second half of those turns (None
+    with fewer than 3 samples there): memory that leaks is still growing there, while a
+    one-off step (an allocator reaching a new high-water mark) is behind it.
+    """
 
     per_100_turns_mb: float
     samples: int  # how many samples the line was fitted to
     first_turn: int  # the first turn of the fitted window
     start_mb: float  # the fitted line at the window's first and last turn
     end_mb: float
+    last_half_per_100_turns_mb: float | None = None
+    last_half_from_turn: int | None = None
+
+
+def _slope(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
+    return float(slope), float(intercept)
 
 
 def growth(turns: Sequence[int], values_bytes: Sequence[float | None], warmup_turns: int) -> Growth | None:
@@ -38,15 +50,18 @@ def growth(turns: Sequence[int], values_bytes: Sequence[float | None], warmup_tu
     ]
     if len(points) < 3:
         return None
-    x = np.array([p[0] for p in points], dtype=np.float64)
-    y = np.array([p[1] for p in points], dtype=np.float64)
-    slope, intercept = np.polyfit(x, y, 1)
+    slope, intercept = _slope(points)
+    first, last = points[0][0], points[-1][0]
+    half = [p for p in points if p[0] >= (first + last) / 2]
+    tail = _slope(half)[0] * 100 if len(half) >= 3 else None
     return Growth(
-        float(slope * 100),
+        slope * 100,
         len(points),
-        int(x[0]),
-        float(intercept + slope * x[0]),
-        float(intercept + slope * x[-1]),
+        int(first),
+        intercept + slope * first,
+        intercept + slope * last,
+        tail,
+        int(half[0][0]) if tail is not None else None,
     )
 
 
@@ -93,17 +108,24 @@ def failures(report: dict, max_growth_mb: float) -> list[str]:
     out = list(report.get("errors", []))
     for name, label in (("rss", "RSS"), ("gpu_memory", "GPU memory")):
         g = report["growth"].get(name)
-        if g is not None and g["per_100_turns_mb"] > max_growth_mb:
-            why = "a leak, or a cache that keeps growing"
-            if report.get("first_trim_turn") is None:
-                why = (
-                    "the context never filled during the run, so this includes the conversation "
-                    "filling it: run more turns or a smaller context (-- --context-tokens 512)"
-                )
-            out.append(
-                f"{label} grows {g['per_100_turns_mb']:+.1f} MB per 100 turns after turn {g['first_turn']} "
-                f"(limit {max_growth_mb:g}, --max-growth-mb): {why}"
+        if g is None or g["per_100_turns_mb"] <= max_growth_mb:
+            continue
+        tail = g["last_half_per_100_turns_mb"]
+        if tail is not None and tail <= max_growth_mb:
+            continue  # a step, then flat: a high-water mark, not a leak
+        why = "a leak, or a cache that keeps growing"
+        if report.get("first_trim_turn") is None:
+            why = (
+                "the context never filled during the run, so this includes the conversation "
+                "filling it: run more turns or a smaller context (-- --context-tokens 512)"
             )
+        still = (
+            "" if tail is None else f", {tail:+.1f} over the last half (from turn {g['last_half_from_turn']})"
+        )
+        out.append(
+            f"{label} grows {g['per_100_turns_mb']:+.1f} MB per 100 turns after turn "
+            f"{g['first_turn']}{still} (limit {max_growth_mb:g}, --max-growth-mb): {why}"
+        )
     if report["growth"].get("rss") is None:
         out.append("RSS: fewer than 3 samples after the warm-up; raise --turns or lower --sample-every")
     for sample in report["samples"]:
@@ -130,7 +152,13 @@ def table(report: dict, max_growth_mb: float) -> str:
         return (
             f"{g['per_100_turns_mb']:+.1f} MB / 100 turns (limit {max_growth_mb:g}; fit over turns "
             f"{g['first_turn']}-{c['asked']}, {g['samples']} samples: {g['start_mb']:.0f} -> "
-            f"{g['end_mb']:.0f} MB; context first trimmed by turn {trim if trim is not None else '-'})"
+            f"{g['end_mb']:.0f} MB; context first trimmed by turn {trim if trim is not None else '-'}); "
+            + (
+                f"last half (turns {g['last_half_from_turn']}-{c['asked']}): "
+                f"{g['last_half_per_100_turns_mb']:+.1f}"
+                if g["last_half_per_100_turns_mb"] is not None
+                else "last half: too few samples"
+            )
         )
 
     rss = [s["rss_bytes"] / MB for s in report["samples"]]
