@@ -104,8 +104,14 @@ def latency(records: Sequence[dict], key: str) -> dict[str, float] | None:
 
 
 def failures(report: dict, max_growth_mb: float) -> list[str]:
-    """Why the soak failed, one clear line each (empty: it passed)."""
-    out = list(report.get("errors", []))
+    """Why the soak failed, one clear line each (empty: it passed).
+
+    A run that stopped early (``errors``: the app died, a turn timed out) fails for that
+    alone: its other numbers are partial, and stopping it cut the reply in progress.
+    """
+    if report.get("errors"):
+        return list(report["errors"])
+    out: list[str] = []
     for name, label in (("rss", "RSS"), ("gpu_memory", "GPU memory")):
         g = report["growth"].get(name)
         if g is None or g["per_100_turns_mb"] <= max_growth_mb:
@@ -162,11 +168,12 @@ def table(report: dict, max_growth_mb: float) -> str:
         )
 
     rss = [s["rss_bytes"] / MB for s in report["samples"]]
+    minutes = report["duration_s"] / 60
     rows = [
         ("turns asked (spoken / typed)", f"{c['asked']} ({c['spoken']} / {c['typed']})"),
         ("turn records / /metrics turn counter", f"{c['records']} / {c['metrics_turns']}"),
         ("spoken turns not understood (no words)", str(c["no_words"])),
-        ("replies cut", str(sum(c["cut"].values()))),
+        ("replies cut / playback underruns (ALSA)", f"{sum(c['cut'].values())} / {c.get('underruns', 0)}"),
         (
             "RSS at start / at the growth fit's start / end",
             f"{rss[0]:.0f} / {report['rss_fit_start_mb']:.0f} / {rss[-1]:.0f} MB",
@@ -203,7 +210,7 @@ def table(report: dict, max_growth_mb: float) -> str:
     rows.append(
         (
             "duration",
-            f"{report['duration_s'] / 60:.1f} min ({c['asked'] / report['duration_s'] * 60:.1f} turns/min)",
+            f"{minutes:.1f} min ({c['asked'] / max(minutes, 1e-9):.1f} turns/min)",
         )
     )
     return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
