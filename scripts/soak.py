@@ -108,7 +108,7 @@ class App:
                 elif m := re.match(r"turn (\d+) \|", line):
                     self.done.append(int(m[1]))
                 elif re.match(r"audio: \w+ lost", line):
-                    self.losses.append(line.strip())
+                    self.losses.append(f"{line.strip()} (after turn {len(self.done)})")
                 self.cond.notify_all()
         with self.cond:
             self.cond.notify_all()
