@@ -20,8 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from assistant.audio import AudioOptions, Speaker
+from assistant.devices import DeviceLostError, DeviceWatch
+from assistant.events import AudioDeviceLost
 from assistant.tui.app import AssistantApp
 from assistant.tui.widgets import Conversation
 from tests.speech import numbered_sentences, speak
@@ -325,3 +329,63 @@ async def test_ui_reports_the_loss_keeps_typed_turns_working_and_reports_the_ret
         assert "LISTENING" in screen_text(app)
         await pilot.press("q")
     assert not pipeline_threads()
+
+
+class LateSpeaker(Speaker):
+    """The real speaker, whose callback runs ``late_s`` late once when asked (a busy machine)."""
+
+    def __init__(self, options: AudioOptions) -> None:
+        self.late_s = 0.0
+        self.underflows = 0  # counted here: what PortAudio reported, whatever the app does with it
+        super().__init__(options)
+
+    def _callback(self, outdata, frames, time_info, status) -> None:
+        self.underflows += bool(status.output_underflow)
+        if self.late_s:
+            late_s, self.late_s = self.late_s, 0.0
+            time.sleep(late_s)
+        super()._callback(outdata, frames, time_info, status)
+
+
+@pytest.mark.slow
+def test_a_late_callback_on_a_busy_machine_does_not_lose_the_speaker_and_a_hang_still_does(
+    server, monkeypatch
+):
+    """One playback callback 100 ms late (the machine was busy) is an underrun, not a lost speaker.
+
+    PortAudio restarts the underflowed stream, which then refills PulseAudio's buffer and
+    waits ~1.6 s like a new stream; the stall watchdog used to call that a stall, so the
+    reply playing was cut ("speaker lost") on a loaded machine, mostly on the first turns.
+    """
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    rescan_audio_devices()
+    speaker = LateSpeaker(AudioOptions())
+    events: list = []
+    watch = DeviceWatch([speaker], events.append, lambda: 1)
+    watch.start()
+    try:
+        time.sleep(GRACE_S + 0.5)  # past the start-up grace: stalls count from here
+        reply = (0.1 * np.sin(np.arange(4 * 16000) * 0.2)).astype(np.float32)  # 4 s
+        speaker.play(1, reply)
+        time.sleep(0.5)
+        speaker.late_s = 0.1
+        try:
+            finished = speaker.wait(15)
+        except DeviceLostError as e:
+            pytest.fail(f"the reply was cut: {e}")
+        assert speaker.underflows >= 1, "the late callback caused no underrun: nothing was tested"
+        assert finished and speaker.played_samples[1] == reply.size
+        assert not [e for e in events if isinstance(e, AudioDeviceLost)], events
+
+        # A server that stops answering is still a stall (once the xrun's grace is over).
+        time.sleep(GRACE_S)
+        server.hang()
+        deadline = time.monotonic() + STALL_S
+        while not speaker.lost.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "the stream stalled" in speaker.lost_reason, speaker.lost_reason
+    finally:
+        server.resume()
+        watch.stop()
+        speaker.close()
