@@ -267,6 +267,8 @@ def run(args: argparse.Namespace, app_args: list[str]) -> dict:
     """Start the app, ask every question, sample; the report (``errors`` when it stopped early)."""
     env = start_audio()
     load_start = os.getloadavg()
+    git = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]  # the code this run runs
+    version = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     work = args.work or Path(tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "turns.jsonl"
@@ -323,6 +325,7 @@ def run(args: argparse.Namespace, app_args: list[str]) -> dict:
     if app.losses:
         errors.append(f"the app reported {len(app.losses)} audio device losses, first: {app.losses[0]}")
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_start": load_start}
+    machine["git"] = version  # read at the start: commits made while it ran are not in it
     return build_report(args, app_args, cmd, work, log, spoken[:asked], samples, errors, duration_s, machine)
 
 
@@ -341,9 +344,6 @@ def build_report(args, app_args, cmd, work, log, spoken, samples, errors, durati
         "app_command": shlex.join(["assistant", *cmd[3:], *app_args]),
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "work")},
         "machine": machine | {"load_avg_end": os.getloadavg()},
-        "git": subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
-        ).stdout.strip(),
         "backend": sorted({r["backend"] for r in records}),
         "work": str(work),
         "duration_s": round(duration_s, 1),
