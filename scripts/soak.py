@@ -80,16 +80,9 @@ class App:
 
     def __init__(self, cmd: list[str], env: dict[str, str], work: Path) -> None:
         self.stderr_path = work / "app-stderr.txt"
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         with self.stderr_path.open("w") as stderr:  # a file: PortAudio's lines must not fill a pipe
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env=env,
-                text=True,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-            )
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stderr=stderr, **pipes)
         self.lines: list[str] = []
         self.heard: set[int] = set()
         self.done: list[int] = []
