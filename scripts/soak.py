@@ -80,16 +80,9 @@ class App:
 
     def __init__(self, cmd: list[str], env: dict[str, str], work: Path) -> None:
         self.stderr_path = work / "app-stderr.txt"
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         with self.stderr_path.open("w") as stderr:  # a file: PortAudio's lines must not fill a pipe
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env=env,
-                text=True,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-            )
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stderr=stderr, **pipes)
         self.lines: list[str] = []
         self.heard: set[int] = set()
         self.done: list[int] = []
@@ -267,6 +260,8 @@ def run(args: argparse.Namespace, app_args: list[str]) -> dict:
     """Start the app, ask every question, sample; the report (``errors`` when it stopped early)."""
     env = start_audio()
     load_start = os.getloadavg()
+    git = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]  # the code this run runs
+    version = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     work = args.work or Path(tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "turns.jsonl"
@@ -323,6 +318,7 @@ def run(args: argparse.Namespace, app_args: list[str]) -> dict:
     if app.losses:
         errors.append(f"the app reported {len(app.losses)} audio device losses, first: {app.losses[0]}")
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_start": load_start}
+    machine["git"] = version  # read at the start: commits made while it ran are not in it
     return build_report(args, app_args, cmd, work, log, spoken[:asked], samples, errors, duration_s, machine)
 
 
@@ -341,9 +337,6 @@ def build_report(args, app_args, cmd, work, log, spoken, samples, errors, durati
         "app_command": shlex.join(["assistant", *cmd[3:], *app_args]),
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "work")},
         "machine": machine | {"load_avg_end": os.getloadavg()},
-        "git": subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
-        ).stdout.strip(),
         "backend": sorted({r["backend"] for r in records}),
         "work": str(work),
         "duration_s": round(duration_s, 1),

@@ -100,7 +100,8 @@ def test_a_scrape_after_spoken_and_typed_turns_equals_the_turn_records(pulse, tm
     assert code == 0 and "Traceback" not in stderr, stderr
 
     spoken = [r for r in records if r["metrics"]["voice_to_voice_ms"] is not None]
-    assert len(spoken) == 1 and "italy" in spoken[0]["transcript"].lower(), records
+    # tiny.en on espeak-ng once heard "What is the capital immediately?": the word is its business
+    assert len(spoken) == 1 and "capital" in spoken[0]["transcript"].lower(), records
     assert metrics[("assistant_turns_total", (("kind", "spoken"),))] == 1
     assert metrics[("assistant_turns_total", (("kind", "typed"),))] == len(TYPED)
     for key in STAGES:  # the same numbers as the records: count, and sum in seconds
