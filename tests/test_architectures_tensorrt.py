@@ -13,16 +13,8 @@ import pytest
 
 from engines.onnx_export import ExportOptions, export_decoder
 from engines.tensorrt.builder import build_engine
-from engines.tensorrt.options import EngineOptions
 from tests.families import FAMILIES, save_family
-
-TINY = EngineOptions(
-    targets="sm89",
-    prefill_opt_tokens=16,
-    prefill_max_tokens=64,
-    context_opt_tokens=64,
-    context_max_tokens=256,
-)
+from tests.test_tensorrt_build import TINY
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

@@ -31,21 +31,14 @@ from engines.driver import DecoderDriver
 from engines.onnx_export import SIDECAR, ExportOptions, check_export, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import build_engine
-from engines.tensorrt.options import EngineOptions
 from models.config import DecoderConfig, InvalidConfig
 from models.store import DEFAULT_LLM, DEFAULT_TURN, MANIFEST, ModelStore, check_files, record_files
 from models.weights import CorruptModel
 from tests.speech import speak
 from tests.test_architectures import qwen2
+from tests.test_tensorrt_build import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = EngineOptions(
-    targets="sm89",
-    prefill_opt_tokens=16,
-    prefill_max_tokens=64,
-    context_opt_tokens=64,
-    context_max_tokens=256,
-)
 
 
 def assistant(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
