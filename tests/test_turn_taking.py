@@ -238,7 +238,11 @@ def converse(live_session, pulse, audio_dir, audio, endpointer, turn: TurnOption
         time.sleep(1.0)  # nothing else may follow
     finally:
         loop.stop()
-        session.mic.stream.stop()
+        # The next test's loop starts the microphone again: leave it opened but not started.
+        # Stopping its stream directly made PortAudio report it finished, which the next
+        # test's device watch then took for a lost microphone (and missed its first 0.6 s).
+        session.mic.running = False
+        session.mic.reopen()
     return session.pipeline.records, list(events), list(session.dialogue.turns)
 
 
