@@ -207,13 +207,14 @@ class Decoder(nn.Module):
         matmul_attention: bool = False,
         rope_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run ``input_ids`` ``[B, T]`` at ``positions`` ``[T]``, updating ``kv_cache`` in place.
+        """Run ``input_ids`` ``[B, T]`` at ``positions``, updating ``kv_cache`` in place.
 
         Args:
             input_ids: Token ids, int64 ``[B, T]``.
-            positions: Absolute position of each of the T tokens, int64 ``[T]``; their K/V
-                are written to these cache slots. Every query attends to slots ``<= its position``
-                (and, in sliding-window layers, ``> its position - window``).
+            positions: Absolute position of each of the T tokens, int64: ``[T]`` shared by every
+                row, or ``[B, T]``, each row (sequence) at its own positions (batched decoding);
+                their K/V are written to these slots of the row's cache. Every query attends to
+                slots ``<= its position`` (and, in sliding-window layers, ``> its position - window``).
             kv_cache: The cache to read and write.
             kv_len: Attend over only the first ``kv_len`` slots (must exceed the largest
                 position); ``None`` uses the full capacity (fixed shapes for graphs/export).
@@ -228,9 +229,10 @@ class Decoder(nn.Module):
         """
         length = kv_cache.capacity_tokens if kv_len is None else kv_len
         x = self.embed(input_ids)
-        ropes = {k: r(positions[None], x.dtype, rope_tokens) for k, r in self.rope.items()}
+        per_row = positions if positions.dim() == 2 else positions[None]  # [B or 1, T]
+        ropes = {k: r(per_row, x.dtype, rope_tokens) for k, r in self.rope.items()}
         slots = torch.arange(length, device=positions.device)
-        masks = {k: attention_mask(slots, positions, w)[None, None] for k, w in self.windows.items()}
+        masks = {k: attention_mask(slots, per_row, w)[:, None] for k, w in self.windows.items()}
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, Block)
             cos, sin = ropes[self.rope_key(layer)]

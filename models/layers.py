@@ -47,7 +47,7 @@ def grouped_attention(
         q: Queries ``[B, H, T, D]``.
         keys: Keys ``[B, KVH, S, D]`` (``H`` a multiple of ``KVH``); not copied per group.
         values: Values ``[B, KVH, S, D]``.
-        mask: Boolean ``[1, 1, T, S]``, True where a query may attend.
+        mask: Boolean ``[B or 1, 1, T, S]``, True where a query may attend.
         scale: Score scale; ``None``: ``D ** -0.5``.
         logit_cap: Soft-cap of the scores (:func:`softcap`), applied before the mask.
 
@@ -60,7 +60,7 @@ def grouped_attention(
     # Query head j*group+i uses KV head j: fold the group into the rows of one matmul per KV head.
     rows = (q * (d**-0.5 if scale is None else scale)).reshape(b, kv_heads, group * t, d)
     scores = softcap((rows @ keys.transpose(-1, -2)).view(b, kv_heads, group, t, -1), logit_cap)
-    scores = torch.where(mask, scores, float("-inf"))
+    scores = torch.where(mask[:, :, None], scores, float("-inf"))  # the same mask for every group
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
     if t == 1:
         # Decode: a matmul of 1-3 rows by the whole cache runs on a few blocks, each walking
@@ -190,11 +190,19 @@ class Attention(nn.Module):
         kv_len: int,
         matmul_attention: bool = False,
     ) -> torch.Tensor:
-        """Attend ``x`` ``[B, T, H]`` over the first ``kv_len`` cache positions."""
+        """Attend ``x`` ``[B, T, H]`` over the first ``kv_len`` cache positions.
+
+        ``slot``: the cache positions of the T tokens, ``[T]`` for every row or ``[B, T]`` per row.
+        """
         b, t, _ = x.shape
         q, k, v = self.rotated(x, cos, sin)
-        k_cache.index_copy_(2, slot, k.to(k_cache.dtype))
-        v_cache.index_copy_(2, slot, v.to(v_cache.dtype))
+        if slot.dim() == 1:
+            k_cache.index_copy_(2, slot, k.to(k_cache.dtype))
+            v_cache.index_copy_(2, slot, v.to(v_cache.dtype))
+        else:  # each row writes its own slots
+            index = slot[:, None, :, None].expand(b, k.shape[1], t, k.shape[-1])
+            k_cache.scatter_(2, index, k.to(k_cache.dtype))
+            v_cache.scatter_(2, index, v.to(v_cache.dtype))
         keys = k_cache[:, :, :kv_len].to(q.dtype)
         values = v_cache[:, :, :kv_len].to(q.dtype)
         if matmul_attention or self.logit_cap is not None:  # SDPA has no soft-cap

@@ -1,0 +1,300 @@
+"""In-flight (continuous) batching: many conversations decoded by one model, one step at a time.
+
+The KV cache has one row per sequence slot. Each decode step advances every running sequence
+by one token, each at its own position (``models`` takes per-row positions); sequences join
+between steps (their prompt is prefilled in its own forward, on their row, then they join the
+next step) and leave as soon as they stop. A session keeps its row between turns, so the
+next turn prefills only what follows the common prefix, as :class:`~engines.driver.DecoderDriver`
+does for one conversation; when every row is taken, the session idle the longest loses its row.
+
+Token choice is the driver's (:class:`~engines.sampling.Sampler`), so greedy replies are the
+same tokens a batch-1 run gives.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engines.base import GenerationOptions, StopReason
+from engines.driver import common_prefix_len
+from engines.sampling import Sampler
+from models.decoder import Decoder as DecoderModel
+from models.decoder import KVCache
+
+
+class BatchedTorchStep:
+    """The ``models`` decoder over the rows of one KV cache ``[layers, rows, heads, capacity, dim]``."""
+
+    def __init__(self, model: DecoderModel, rows: int, capacity_tokens: int) -> None:
+        param = next(model.parameters())
+        self.model = model
+        self.rows = rows
+        self.capacity_tokens = capacity_tokens
+        self.device = param.device
+        self.cache = KVCache.allocate(
+            model.config, capacity_tokens, batch=rows, dtype=param.dtype, device=param.device
+        )
+        self.name = f"pytorch-{self.device.type} batched x{rows}"
+
+    def _rows(self, first: int, count: int) -> KVCache:
+        k, v = self.cache.k, self.cache.v
+        assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+        return KVCache(k[:, first : first + count], v[:, first : first + count])
+
+    @torch.inference_mode()
+    def prefill(self, row: int, token_ids: Sequence[int], start_pos: int) -> torch.Tensor:
+        """Write ``token_ids`` at ``start_pos...`` of ``row``; the last token's fp32 logits ``[V]``.
+
+        The same call as a batch-1 step (:class:`~engines.torch_backend.TorchStep`) on the row's
+        cache, so a prompt's logits do not depend on what else is running.
+        """
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        end = start_pos + len(token_ids)
+        positions = torch.arange(start_pos, end, device=self.device)
+        return self.model(ids, positions, self._rows(row, 1), kv_len=end, last_only=True)[0, -1]
+
+    @torch.inference_mode()
+    def decode(self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """One token for each of ``rows`` at its position; fp32 logits ``[len(rows), V]`` (device).
+
+        The step runs over rows ``0..max(rows)``; rows not decoding write a throw-away key at
+        the last slot, which a sequence overwrites before it can read it (a slot is only read
+        by queries at or after its own position, and the token there writes it first).
+        """
+        count = max(rows) + 1
+        filler = self.capacity_tokens - 1
+        ids = torch.zeros((count, 1), dtype=torch.long)
+        pos = torch.full((count, 1), filler, dtype=torch.long)
+        ids[list(rows), 0] = torch.tensor(list(token_ids))
+        pos[list(rows), 0] = torch.tensor(list(positions))
+        kv_len = self.capacity_tokens if count > len(rows) else max(positions) + 1
+        logits = self.model(ids.to(self.device), pos.to(self.device), self._rows(0, count), kv_len=kv_len)
+        return logits[list(rows), -1]
+
+
+class RequestError(ValueError):
+    """A request the scheduler refuses (empty prompt, prompt too long); the message says why."""
+
+
+@dataclass
+class BatchedRequest:
+    """One generation in the batch; iterate :meth:`tokens` for ``(token_id, t_ns)`` pairs.
+
+    ``stop_reason`` and the counts are final once the iteration ends.
+    """
+
+    session: str
+    prompt_ids: list[int]
+    options: GenerationOptions
+    t_submit_ns: int = field(default_factory=time.monotonic_ns)
+    reused_tokens: int = 0
+    generated_tokens: int = 0
+    stop_reason: StopReason | None = None
+    error: str = ""
+    row: int = -1
+    sampler: Sampler | None = None
+    context: list[int] = field(default_factory=list)
+    last_token: int = -1
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    out: queue.Queue[tuple[int, int] | None] = field(default_factory=queue.Queue)
+
+    def cancel(self) -> None:
+        """Stop generating (the client left or has what it needs); the row is freed at the next step."""
+        self.cancelled.set()
+
+    def tokens(self) -> Iterator[tuple[int, int]]:
+        """Yield each chosen ``(token_id, t_ns)``; lazy, blocks until the scheduler produces them.
+
+        Raises:
+            RequestError: The scheduler failed this sequence (``error`` says why).
+        """
+        while (item := self.out.get()) is not None:
+            yield item
+        if self.error:
+            raise RequestError(self.error)
+
+
+@dataclass
+class _Row:
+    session: str = ""
+    cached_ids: list[int] = field(default_factory=list)
+    busy: bool = False
+    last_used_ns: int = 0
+
+
+class BatchScheduler:
+    """Owns the step and one thread that runs it: submit from any thread, read tokens as they come.
+
+    ``close()`` stops the thread and ends every running sequence as cancelled.
+    """
+
+    def __init__(self, step: BatchedTorchStep, eos_token_ids: Sequence[int]) -> None:
+        self.step = step
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.capacity_tokens = step.capacity_tokens
+        self.rows = [_Row() for _ in range(step.rows)]
+        self.waiting: list[BatchedRequest] = []
+        self.running: list[BatchedRequest] = []
+        self.lock = threading.Condition()
+        self.closed = False
+        self.steps = 0  # decode steps run (for tests and the benchmark)
+        self.batch_sizes: list[int] = []  # sequences per decode step
+        self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
+        self.thread.start()
+
+    def submit(self, session: str, prompt_ids: Sequence[int], options: GenerationOptions) -> BatchedRequest:
+        """Queue a generation of ``prompt_ids`` for ``session`` (its row keeps the prefix).
+
+        Raises:
+            RequestError: The prompt is empty or does not fit the context.
+        """
+        if not prompt_ids:
+            raise RequestError("empty prompt: send at least one token id")
+        if len(prompt_ids) >= self.capacity_tokens:
+            raise RequestError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the server's context of "
+                f"{self.capacity_tokens}; shorten the conversation or raise the server's context"
+            )
+        sequence = BatchedRequest(session, list(prompt_ids), options)
+        with self.lock:
+            if self.closed:
+                raise RequestError("the server is shutting down")
+            self.waiting.append(sequence)
+            self.lock.notify()
+        return sequence
+
+    def busy_rows(self) -> int:
+        """Rows held by running sequences."""
+        with self.lock:
+            return sum(r.busy for r in self.rows)
+
+    def close(self) -> None:
+        """Stop the thread; running and waiting sequences end as cancelled."""
+        with self.lock:
+            self.closed = True
+            self.lock.notify()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                while not self.closed and not self.waiting and not self.running:
+                    self.lock.wait()
+                if self.closed:
+                    break
+                joining = self._admit()
+            for sequence in joining:
+                self._prefill(sequence)
+            self._decode()
+        for sequence in self.running + self.waiting:
+            self._finish(sequence, StopReason.CANCELLED)
+
+    def _admit(self) -> list[BatchedRequest]:
+        """Give waiting sequences a row (their session's, a free one, or the longest idle)."""
+        joining = []
+        for sequence in list(self.waiting):
+            row = self._row_for(sequence.session)
+            if row is None:
+                break  # every row is generating: wait for one to finish
+            self.waiting.remove(sequence)
+            sequence.row = row
+            self.rows[row].busy = True
+            joining.append(sequence)
+        return joining
+
+    def _row_for(self, session: str) -> int | None:
+        free = [i for i, r in enumerate(self.rows) if not r.busy]
+        if not free:
+            return None
+        for i in free:
+            if session and self.rows[i].session == session:
+                return i
+        # Lowest empty row first keeps decode steps short; else evict the longest idle session.
+        empty = [i for i in free if not self.rows[i].session]
+        row = empty[0] if empty else min(free, key=lambda i: self.rows[i].last_used_ns)
+        self.rows[row] = _Row(session=session)
+        return row
+
+    def _prefill(self, sequence: BatchedRequest) -> None:
+        if sequence.cancelled.is_set():
+            self._finish(sequence, StopReason.CANCELLED)
+            return
+        row, ids = self.rows[sequence.row], sequence.prompt_ids
+        reuse = min(common_prefix_len(row.cached_ids, ids), len(ids) - 1)
+        sequence.reused_tokens = reuse
+        row.cached_ids = ids[:reuse]
+        try:
+            logits = self.step.prefill(sequence.row, ids[reuse:], reuse)
+        except Exception as e:  # a failed forward ends this request, not the server
+            self._finish(sequence, None, f"prefill failed: {e}")
+            return
+        row.cached_ids = list(ids)
+        sequence.sampler = Sampler(sequence.options)
+        sequence.context = list(ids)
+        self.running.append(sequence)
+        self._emit(sequence, self._choose(sequence, logits))
+
+    def _decode(self) -> None:
+        running = [s for s in self.running if s.stop_reason is None]
+        for sequence in running:
+            if sequence.cancelled.is_set():
+                self._finish(sequence, StopReason.CANCELLED)
+        running = [s for s in self.running if s.stop_reason is None]
+        if not running:
+            return
+        rows = [s.row for s in running]
+        positions = [len(self.rows[s.row].cached_ids) for s in running]
+        try:
+            logits = self.step.decode(rows, [s.last_token for s in running], positions)
+        except Exception as e:
+            for sequence in running:
+                self._finish(sequence, None, f"decode step failed: {e}")
+            return
+        self.steps += 1
+        self.batch_sizes.append(len(running))
+        greedy = self._greedy_ids(running, logits)
+        for i, sequence in enumerate(running):
+            self.rows[sequence.row].cached_ids.append(sequence.last_token)
+            token = greedy[i] if greedy is not None else self._choose(sequence, logits[i])
+            self._emit(sequence, token)
+
+    def _greedy_ids(self, running: list[BatchedRequest], logits: torch.Tensor) -> list[int] | None:
+        """Every sequence greedy without a penalty: argmax on the device, only ids cross."""
+        plain = all(s.options.temperature <= 0 and s.options.repetition_penalty == 1.0 for s in running)
+        return [int(t) for t in logits.argmax(-1).tolist()] if plain else None
+
+    def _choose(self, sequence: BatchedRequest, logits: torch.Tensor) -> int:
+        assert sequence.sampler is not None
+        return sequence.sampler(logits.float().cpu().numpy(), sequence.context)
+
+    def _emit(self, sequence: BatchedRequest, token: int) -> None:
+        sequence.generated_tokens += 1
+        sequence.last_token = token
+        sequence.out.put((token, time.monotonic_ns()))
+        if token in self.eos_token_ids:
+            self._finish(sequence, StopReason.EOS)
+            return
+        sequence.context.append(token)
+        if sequence.generated_tokens >= sequence.options.max_new_tokens:
+            self._finish(sequence, StopReason.MAX_TOKENS)
+        elif len(self.rows[sequence.row].cached_ids) >= self.capacity_tokens:
+            self._finish(sequence, StopReason.CONTEXT_FULL)
+
+    def _finish(self, sequence: BatchedRequest, reason: StopReason | None, error: str = "") -> None:
+        sequence.stop_reason = reason or StopReason.CANCELLED
+        sequence.error = error
+        if sequence in self.running:
+            self.running.remove(sequence)
+        if sequence.row >= 0:
+            row = self.rows[sequence.row]
+            row.busy = False
+            row.last_used_ns = time.monotonic_ns()
+            if error:
+                row.cached_ids = []  # unknown state: prefill everything next time
+        sequence.out.put(None)
