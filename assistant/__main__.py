@@ -1,4 +1,4 @@
-"""Command line: ``assistant [chat | run | devices | models fetch|list | engine ... | bench]``.
+"""Command line: ``assistant [chat | run | serve | devices | models fetch|list | engine ... | bench]``.
 
 Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is the text REPL.
 
@@ -143,6 +143,14 @@ def _chat(settings: Settings) -> int:
         return run_chat(Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, options))
     finally:
         decoder.close()  # TensorRT saves its runtime cache here
+
+
+def _serve(settings: Settings) -> int:
+    from assistant.llm import resolve_llm_dir
+    from assistant.serve import run_server, serve_options
+
+    model_dir = resolve_llm_dir(settings.models)
+    return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
 
 
 def _devices() -> int:
@@ -297,7 +305,11 @@ def _main(argv: list[str]) -> int:
             _check_output_args(args)
         if args.command in (None, "chat", "run"):
             _check_context(settings, flags)
-        if settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
+        if args.command == "serve":
+            return _serve(settings)
+        if settings.decoder.server and args.command in (None, "chat", "run"):
+            print(f"decoding on the LLM server {settings.decoder.server}", file=sys.stderr)
+        elif settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
             from assistant.llm import resolve_auto_backend
 
             # Said before the models load; the setting stays "auto", so the load can fall back

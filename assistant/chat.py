@@ -8,6 +8,7 @@ import threading
 from typing import TextIO
 
 from assistant.dialogue import Dialogue, Reply
+from engines.remote import ServerUnavailable
 
 
 def stats_line(reply: Reply) -> str:
@@ -17,7 +18,9 @@ def stats_line(reply: Reply) -> str:
     return (
         f"[ttft {ttft} | {s.decode_tokens_per_s:.1f} tok/s | "
         f"{s.generated_tokens} tokens | prompt {s.prompt_tokens}: {s.prefilled_tokens} prefilled, "
-        f"{s.reused_tokens} reused | {s.stop_reason.value if s.stop_reason else '?'}]"
+        f"{s.reused_tokens} reused | {s.stop_reason.value if s.stop_reason else '?'}"
+        + ("" if s.network_ms is None else f" | network {s.network_ms:.0f} ms")
+        + "]"
     )
 
 
@@ -65,5 +68,7 @@ def run_chat(dialogue: Dialogue, stdin: TextIO = sys.stdin, stdout: TextIO = sys
         except KeyboardInterrupt:
             cancel.set()
             stdout.write(" [interrupted]")
+        except ServerUnavailable as e:  # --llm-server: the next message connects again
+            stdout.write(f" [{e}; the next message connects again]")
         stdout.write("\n" + stats_line(reply) + "\n")
         stdout.flush()

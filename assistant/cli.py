@@ -40,6 +40,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="decoder backend (default auto: TensorRT on a GPU it supports, its engine built once and "
         "checked by the accuracy gate, else the next backend, saying why)",
     )
+    g.add_argument(
+        "--llm-server",
+        dest="decoder.server",
+        metavar="HOST:PORT",
+        help="decode on 'assistant serve' there (Triton, gRPC); mic, ASR and TTS stay here",
+    )
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
     g.add_argument(
@@ -233,6 +239,26 @@ def build_parser() -> argparse.ArgumentParser:
     _common(fetch)
     listing = models_sub.add_parser("list", help="models in the store with sizes")
     _common(listing)
+    serve = sub.add_parser(
+        "serve", help="serve the LLM to many stations: Triton Inference Server, in-flight batching"
+    )
+    _common(serve)  # first: its SUPPRESS default applies to the flags below too
+    serve.add_argument("--host", dest="serve.host", metavar="ADDR", help="listen here (default 127.0.0.1)")
+    serve.add_argument("--port", dest="serve.port", type=int, metavar="PORT", help="gRPC port (default 8001)")
+    serve.add_argument(
+        "--sequences",
+        dest="serve.sequences",
+        type=int,
+        metavar="N",
+        help="conversations decoded together, each keeping its prefix (default 16)",
+    )
+    serve.add_argument(
+        "--queue-delay-us",
+        dest="serve.queue_delay_us",
+        type=int,
+        metavar="US",
+        help="Triton's dynamic batcher: wait this long to admit requests together (default 100)",
+    )
     add_engine_parsers(sub, _common)
     sub.add_parser(
         "bench", help="decoder benchmark: runs scripts/bench_decoder.py (bench --help)", add_help=False

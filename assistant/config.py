@@ -21,6 +21,7 @@ from typing import Any, get_args, get_type_hints
 from assistant.asr import AsrOptions
 from assistant.audio import AudioOptions
 from assistant.metrics import MetricsOptions
+from assistant.serve import ServeSettings
 from assistant.splitter import SplitterOptions
 from assistant.tts import TtsOptions
 from assistant.turn import TurnOptions
@@ -88,6 +89,8 @@ class DecoderSettings:
     threads: int = field(default=0, metadata=bounds(min=0, max=1024))
     cuda_graph: str = "auto"  # pytorch: auto (on for CUDA), on, off
     compile: bool = False  # pytorch: torch.compile the CUDA graphs (slower start, faster steps)
+    # host:port of 'assistant serve' (Triton): decode there instead of here; the rest stays local.
+    server: str = ""
 
 
 # The ranges of the engine's options, so that they are defined once (engines/base.py).
@@ -151,6 +154,7 @@ class Settings:
     engine: EngineOptions = field(default_factory=EngineOptions)
     gate: GateOptions = field(default_factory=GateOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    serve: ServeSettings = field(default_factory=ServeSettings)
 
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}
@@ -162,6 +166,7 @@ _KINDS: dict[Any, str] = {
     str: "text (str)",
     Path: "a path (str)",
     list[str]: "a list of text, or text separated by commas",
+    list[int]: "a list of whole numbers, or numbers separated by commas",
 }
 
 
@@ -184,6 +189,10 @@ def _convert(kind: Any, value: Any) -> Any:
             return float(value)
     elif kind in (str, Path) and isinstance(value, str | Path):
         return kind(value)
+    elif kind == list[int]:
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, list):
+            return [_convert(int, v) for v in items if v != ""]
     elif kind == list[str]:
         if isinstance(value, str):
             return [s for s in value.split(",") if s]

@@ -180,10 +180,15 @@ class TurnHeld(Event):
 
 @dataclass(frozen=True)
 class PromptSubmitted(Event):
-    """The prompt went to the decoder (start of TTFT)."""
+    """The prompt went to the decoder (start of TTFT).
+
+    ``network_ms``: with a served decoder (``--llm-server``), the part of TTFT outside the
+    server's model (network, gRPC, Triton's queue); ``None`` for a local decoder.
+    """
 
     prompt_tokens: int = 0
     reused_tokens: int = 0
+    network_ms: float | None = None
 
 
 @dataclass(frozen=True)

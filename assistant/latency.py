@@ -9,6 +9,8 @@ Each metric names its start and stop event:
 - asr_ms: endpoint detected -> ``TranscriptReady``; 0 when speculative ASR finished inside
   the silence wait (what the user waited for ASR after the endpoint)
 - ttft_ms: ``PromptSubmitted`` -> first ``TokenGenerated`` (token id on the host)
+- network_ms: the part of ``ttft_ms`` outside a served decoder's model (``--llm-server``:
+  network, gRPC, Triton's queue): client TTFT - the server's arrival -> first token; else None
 - first_sentence_ms: ``PromptSubmitted`` -> first ``SentenceReady``
 - tts_first_audio_ms: the later of first ``SentenceReady`` and the endpoint -> first
   ``AudioStarted`` (render + device hand-off)
@@ -150,6 +152,7 @@ def build_record(
     last_discard = discards[-1] if discards else -1
     rec.discarded = len(discards)
     decision: TurnDecision | None = None
+    network_ms: float | None = None
     for i, e in enumerate(mine):
         if isinstance(e, ATTEMPT_EVENTS) and i < last_discard:
             continue
@@ -171,6 +174,7 @@ def build_record(
         elif isinstance(e, PromptSubmitted):
             ts["prompt_submitted"] = e.t_ns
             rec.prompt_tokens, rec.reused_tokens = e.prompt_tokens, e.reused_tokens
+            network_ms = e.network_ms
         elif isinstance(e, TokenGenerated):
             tokens.append(e)
             ts.setdefault("first_token", e.t_ns)
@@ -203,6 +207,7 @@ def build_record(
         "turn_detection_ms": decision.inference_ms if decision and decision.reason == "model" else None,
         "asr_ms": None if asr is None else max(asr, 0.0),
         "ttft_ms": _ms(ts.get("prompt_submitted"), ts.get("first_token")),
+        "network_ms": network_ms,
         "first_sentence_ms": _ms(ts.get("prompt_submitted"), ts.get("first_sentence")),
         "tts_first_audio_ms": _ms(spoken_from, ts.get("first_audio")),
         "voice_to_voice_ms": _ms(ts.get("speech_end"), ts.get("first_audio")),
@@ -254,7 +259,7 @@ def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tup
     """
     folder.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
-    metric_keys = [*STAGES, "speculated_ms", "tokens_per_s"]
+    metric_keys = [*STAGES, "network_ms", "speculated_ms", "tokens_per_s"]
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys])

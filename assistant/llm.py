@@ -191,8 +191,14 @@ def load_llm(
         notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
     """
     model_dir = resolve_llm_dir(models, progress)
-    DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
+    config = DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
     tokenizer = load_tokenizer(model_dir)
+    if decoder.server:
+        from assistant.serve import tokenizer_sha256
+        from engines.remote import RemoteDecoder
+
+        sha = tokenizer_sha256(model_dir)
+        return RemoteDecoder(decoder.server, tokenizer, config.eos_token_ids, sha), tokenizer
     if decoder.backend not in BACKENDS:
         raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
     load = _Loader(model_dir, tokenizer, models, engine or EngineOptions(), progress, cancel)

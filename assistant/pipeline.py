@@ -41,6 +41,7 @@ from assistant.events import (
 from assistant.files import append_line
 from assistant.latency import TurnRecord, build_record
 from assistant.stages import (
+    LLM_SERVER_LOST,
     SPEAKER_LOST,
     HeldSpeech,
     PipelineOptions,
@@ -50,6 +51,7 @@ from assistant.stages import (
     Transcribes,
 )
 from assistant.vad import SAMPLE_RATE_HZ
+from engines.remote import ServerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class VoicePipeline:
         self._events_lock = threading.Lock()
         self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
         self._transcribing: set[int] = set()  # turns whose own ASR has started
+        self._server_lost: dict[int, str] = {}  # turns whose LLM server failed mid-reply: why
         self.held = HeldSpeech()  # only the turn threads touch it, one turn at a time
 
     def emit(self, event: Event) -> None:
@@ -222,7 +225,9 @@ class VoicePipeline:
             if first:
                 self.emit(AudioStarted(turn, first))
         self.emit(PlaybackEnded(turn, time.monotonic_ns()))
-        if lost and not cancel.is_set():
+        if turn in self._server_lost and not cancel.is_set():
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), LLM_SERVER_LOST, self.dialogue_reply()))
+        elif lost and not cancel.is_set():
             # The speaker went away: the reply is cut, but its text stays in the conversation
             # and the record (it was shown; the user can read it or ask again).
             logger.info("turn %d: playback given up: %s", turn, lost[0])
@@ -273,13 +278,32 @@ class VoicePipeline:
             self.emit(SpeculationStarted(turn, time.monotonic_ns(), "llm"))
         reply = self.dialogue.ask(text, cancel, held=True)
         splitter = self.make_splitter()
+        try:
+            self._stream_reply(turn, reply, sentences, cancel, gate, splitter)
+        except ServerUnavailable as e:  # --llm-server: the text so far is kept, the next turn reconnects
+            logger.warning("turn %d: %s", turn, e)
+            self._server_lost[turn] = str(e)
+        return reply
+
+    def _stream_reply(
+        self,
+        turn: int,
+        reply: Reply,
+        sentences: queue.Queue[tuple[int, str] | None],
+        cancel: threading.Event,
+        gate: ReplyGate,
+        splitter: Splits,
+    ) -> None:
+        """Feed the reply's tokens to the splitter and its sentences to ``sentences``."""
         index = 0
         submitted = False
         for chunk in reply:
             if not submitted:  # the stats know the prompt split only once iteration began
                 submitted = True
                 s = reply.stats
-                self.emit(PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens))
+                self.emit(
+                    PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens, s.network_ms)
+                )
             if chunk.token_id >= 0:
                 self.emit(TokenGenerated(turn, chunk.t_ns, chunk.index, chunk.text))
             for sentence in splitter.push(chunk.text):
@@ -297,7 +321,6 @@ class VoicePipeline:
                 self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
                 sentences.put((index, sentence))
                 index += 1
-        return reply
 
     def _speak(
         self,
@@ -360,6 +383,7 @@ class VoicePipeline:
 
     def _finish(self, turn: int) -> TurnRecord:
         self._transcribing.discard(turn)
+        self._server_lost.pop(turn, None)
         record = build_record(
             turn,
             self._snapshot(),

@@ -16,6 +16,9 @@ import numpy as np
 
 SPEAKER_LOST = "speaker lost"  # TurnCancelled.reason: the reply's text is kept, its audio was cut
 MICROPHONE_LOST = "microphone lost"  # TurnCancelled.reason: the speech in progress was dropped
+# TurnCancelled.reason: the LLM server (--llm-server) failed mid-reply; the text so far is kept
+# and the next turn connects again.
+LLM_SERVER_LOST = "llm server lost"
 
 
 class Transcribes(Protocol):

@@ -37,7 +37,7 @@ from assistant.files import atomic_write
 from assistant.latency import TurnRecord
 from assistant.live import LiveLoop
 from assistant.pipeline import VoicePipeline
-from assistant.stages import MICROPHONE_LOST, SPEAKER_LOST, PipelineOptions
+from assistant.stages import LLM_SERVER_LOST, MICROPHONE_LOST, SPEAKER_LOST, PipelineOptions
 from assistant.turn import TurnOptions
 from assistant.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
 
@@ -157,6 +157,11 @@ class ConsoleReporter:
             line = device_notice(event)
         elif isinstance(event, TurnCancelled) and event.reason == SPEAKER_LOST:
             line = f"[turn {event.turn_id}] reply cut: the speaker was lost (its text above is kept)"
+        elif isinstance(event, TurnCancelled) and event.reason == LLM_SERVER_LOST:
+            line = (
+                f"[turn {event.turn_id}] reply cut: the LLM server stopped answering (the text so far is "
+                "kept; the next turn connects again)"
+            )
         elif isinstance(event, TurnCancelled) and event.reason == MICROPHONE_LOST:
             line = f"[turn {event.turn_id}] dropped: the microphone was lost while you spoke"
         if line:

@@ -78,6 +78,9 @@ class GenerationStats:
     t_done_ns: int = 0
     stop_reason: StopReason | None = None
     text: str = ""
+    # A served decoder (--llm-server): the part of TTFT spent outside the server's model
+    # (network, gRPC, Triton's queue), i.e. client TTFT - the server's own arrival -> token.
+    network_ms: float | None = None
 
     @property
     def ttft_ms(self) -> float | None:

@@ -245,6 +245,10 @@ class StreamingGeneration:
         self.cancel = cancel or threading.Event()
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
 
+    def choosers(self, context: list[int]) -> tuple[Callable[[Sequence[int]], int], Callable[[int], int]]:
+        """Where this generation's tokens come from (the driver's :meth:`DecoderDriver.choosers`)."""
+        return self.driver.choosers(self.options, context)
+
     def __iter__(self) -> Iterator[TokenChunk]:
         """Run the generation, yielding a chunk per token."""
         d, opts, stats = self.driver, self.options, self.stats
@@ -259,7 +263,7 @@ class StreamingGeneration:
             stats.prefilled_tokens = len(self.prompt_ids) - max(stats.reused_tokens, 0)
             text = TextStream(d.tokenizer, opts.stop_strings)
             context = list(self.prompt_ids)
-            first, following = d.choosers(opts, context)
+            first, following = self.choosers(context)
             reason: StopReason | None = None
             try:
                 token = -1

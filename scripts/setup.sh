@@ -4,6 +4,8 @@
 #   scripts/setup.sh --dev    plus test tools and the packages the tests use (Piper included)
 #   scripts/setup.sh --piper  plus the natural voice (--tts piper): piper-tts (GPL-3.0-or-later,
 #                             so opt-in) and the voice en_US-joe-medium; or ASSISTANT_PIPER=1
+#   scripts/setup.sh --serve  plus Triton Inference Server for 'assistant serve' (nvidia-pytriton,
+#                             which pins numpy below 2) and its client
 # Re-running is cheap: each step is skipped when already done.
 # With an NVIDIA GPU it also installs the TensorRT that fits the GPU and driver (chosen by
 # engines/tensorrt/install.py from nvidia-smi); if that install fails, setup says so in one line
@@ -13,12 +15,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
 piper=0
+serve=0
 [[ "${ASSISTANT_PIPER:-0}" == 1 ]] && piper=1
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1; piper=1 ;;
     --piper) piper=1 ;;
-    *) echo "usage: scripts/setup.sh [--dev] [--piper]" >&2; exit 2 ;;
+    --serve) serve=1 ;;
+    *) echo "usage: scripts/setup.sh [--dev] [--piper] [--serve]" >&2; exit 2 ;;
   esac
 done
 
@@ -64,6 +68,7 @@ if (( gpu )); then
 fi
 (( dev )) && extras="${extras:+$extras,}dev"
 (( piper )) && extras="${extras:+$extras,}piper"
+(( serve )) && extras="${extras:+$extras,}serve"
 stamp=.venv/.setup-stamp
 want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
 have=$(cat "$stamp" 2>/dev/null || true)

@@ -127,6 +127,13 @@ class LatencyBreakdown(Static):
                 out.append(f" {label} {fmt_ms(value)}")
             if key == "endpointing_ms" and record.turn_detector:
                 out.append(f" ({_detector(record, self.narrow)})", "dim")
+            if key == "ttft_ms" and m.get("network_ms") is not None:  # a served decoder
+                out.append(
+                    f" (net {m['network_ms']:.0f})"
+                    if self.narrow
+                    else f" (network {fmt_ms(m['network_ms'])})",
+                    "dim",
+                )
             out.append(" " if self.narrow else "  ")
         if self.narrow:
             out.append("(ms)", "dim")

@@ -1,0 +1,120 @@
+"""The decoder as a Triton Python-backend model (decoupled: one response per token).
+
+Triton's Python backend imports this inside its stub process (``triton_python_backend_utils``
+exists only there). ``execute`` hands each request to the :class:`~engines.batching.BatchScheduler`
+and returns at once; a thread per request streams its tokens back and cancels the sequence as
+soon as Triton says the client is gone (a cancelled gRPC stream or a dropped connection).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils  # ty: ignore  (only inside Triton's stub)
+
+from engines.batching import BatchedTorchStep, BatchScheduler, RequestError
+from engines.serving import (
+    OPTIONS,
+    PROMPT_IDS,
+    REUSED,
+    SERVER_US,
+    SESSION,
+    TOKEN,
+    decode_options,
+    read_parameters,
+)
+from engines.torch_backend import TorchBackendOptions, configure_threads, resolve_device
+from models.config import DecoderConfig
+from models.weights import load_decoder
+
+logger = logging.getLogger(__name__)
+
+
+class TritonPythonModel:
+    """Loads the model once (``initialize``) and serves every request through one scheduler."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        """Load the weights and start the scheduler thread."""
+        options = read_parameters(json.loads(args["model_config"]))
+        torch_options = TorchBackendOptions(
+            device=options.device, dtype=options.dtype, threads=options.threads
+        )
+        configure_threads(options.threads)
+        device, dtype = resolve_device(torch_options)
+        config = DecoderConfig.from_dir(options.model_dir)
+        capacity = min(options.context_tokens, config.max_position_embeddings)
+        model = load_decoder(options.model_dir, dtype=dtype, device=device)
+        step = BatchedTorchStep(model, options.sequences, capacity)
+        self.scheduler = BatchScheduler(step, config.eos_token_ids)
+        logger.info(
+            "serving %s: %s, %d sequences of %d tokens",
+            options.model_dir,
+            step.name,
+            options.sequences,
+            capacity,
+        )
+
+    def execute(self, requests: list[Any]) -> None:
+        """Queue each request; its tokens are sent from its own thread as they come."""
+        arrived_ns = time.monotonic_ns()
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                ids = pb_utils.get_input_tensor_by_name(request, PROMPT_IDS).as_numpy().reshape(-1)
+                session = pb_utils.get_input_tensor_by_name(request, SESSION).as_numpy().reshape(-1)[0]
+                options_tensor = pb_utils.get_input_tensor_by_name(request, OPTIONS)
+                text = b"" if options_tensor is None else options_tensor.as_numpy().reshape(-1)[0]
+                options = decode_options(text.decode() if isinstance(text, bytes) else str(text))
+                session_id = session.decode() if isinstance(session, bytes) else str(session)
+                sequence = self.scheduler.submit(session_id, ids.astype(np.int64).tolist(), options)
+            except (RequestError, ValueError, TypeError) as e:
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            threading.Thread(
+                target=self._stream, args=(request, sender, sequence, arrived_ns), daemon=True
+            ).start()
+        return None
+
+    def _stream(self, request: Any, sender: Any, sequence: Any, arrived_ns: int) -> None:
+        reused = np.array([0], np.int32)
+        try:
+            for token, t_ns in sequence.tokens():
+                if request.is_cancelled():
+                    sequence.cancel()
+                    break
+                reused[0] = sequence.reused_tokens
+                outputs = [
+                    pb_utils.Tensor(TOKEN, np.array([token], np.int64)),
+                    pb_utils.Tensor(SERVER_US, np.array([(t_ns - arrived_ns) // 1000], np.int64)),
+                    pb_utils.Tensor(REUSED, reused.copy()),
+                ]
+                sender.send(pb_utils.InferenceResponse(outputs))
+        except RequestError as e:
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+            return
+        except Exception:  # the client vanished mid-send: stop generating for it
+            sequence.cancel()
+            logger.exception("stream of session %s ended", sequence.session)
+        if sequence.cancelled.is_set():
+            # A warning, so Triton's log has it without logging set up (tests read it).
+            logger.warning(
+                "session %s: cancelled by the client after %d tokens; its row is free",
+                sequence.session,
+                sequence.generated_tokens,
+            )
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self) -> None:
+        """Stop the scheduler (running sequences end cancelled)."""
+        self.scheduler.close()
