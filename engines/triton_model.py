@@ -8,6 +8,7 @@ soon as Triton says the client is gone (a cancelled gRPC stream or a dropped con
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils  # ty: ignore  (only inside Triton's stub)
 
-from engines.batching import BatchedTorchStep, BatchScheduler, RequestError
+from engines.batching import BatchScheduler, RequestError
+from engines.batching_graph import load_batched_step
 from engines.serving import (
     OPTIONS,
     PROMPT_IDS,
@@ -28,9 +30,8 @@ from engines.serving import (
     decode_options,
     read_parameters,
 )
-from engines.torch_backend import TorchBackendOptions, configure_threads, resolve_device
+from engines.torch_backend import TorchBackendOptions, configure_threads, resolve_device, use_cuda_graph
 from models.config import DecoderConfig
-from models.weights import load_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ class TritonPythonModel:
         device, dtype = resolve_device(torch_options)
         config = DecoderConfig.from_dir(options.model_dir)
         capacity = min(options.context_tokens, config.max_position_embeddings)
-        model = load_decoder(options.model_dir, dtype=dtype, device=device)
-        step = BatchedTorchStep(model, options.sequences, capacity)
+        graphs = use_cuda_graph(dataclasses.replace(torch_options, cuda_graph=options.cuda_graph), device)
+        step = load_batched_step(options.model_dir, options.sequences, capacity, device, dtype, graphs)
         self.scheduler = BatchScheduler(step, config.eos_token_ids)
         logger.info(
             "serving %s: %s, %d sequences of %d tokens",
