@@ -34,6 +34,7 @@ from engines.serving import (
     TOKEN,
     encode_options,
     read_parameters,
+    utf8,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,11 +74,14 @@ class _Stream:
 
         ids = grpcclient.InferInput(PROMPT_IDS, [1, len(prompt_ids)], "INT64")
         ids.set_data_from_numpy(np.asarray([prompt_ids], dtype=np.int64))
-        sid = grpcclient.InferInput(SESSION, [1, 1], "BYTES")
-        sid.set_data_from_numpy(np.array([[session.encode()]], dtype=object))
-        opts = grpcclient.InferInput(OPTIONS, [1, 1], "BYTES")
-        opts.set_data_from_numpy(np.array([[encode_options(options).encode()]], dtype=object))
-        self.client.async_stream_infer(MODEL_NAME, [ids, sid, opts], enable_empty_final_response=True)
+        sid, opts = (utf8(session), utf8(encode_options(options)))
+        session_input = grpcclient.InferInput(SESSION, list(sid.shape), "UINT8")
+        session_input.set_data_from_numpy(sid)
+        options_input = grpcclient.InferInput(OPTIONS, list(opts.shape), "UINT8")
+        options_input.set_data_from_numpy(opts)
+        self.client.async_stream_infer(
+            MODEL_NAME, [ids, session_input, options_input], enable_empty_final_response=True
+        )
 
     def next_token(self) -> int | None:
         """The next token id, or None when the server ended the generation."""

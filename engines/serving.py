@@ -3,15 +3,18 @@
 One model, ``assistant_llm``, in decoupled mode (a request gets one response per token):
 
     PROMPT_IDS  int64  [T]   the whole prompt (chat template applied by the client)
-    SESSION     bytes  [1]   the conversation's id: its KV prefix stays on the server
-    OPTIONS     bytes  [1]   optional JSON of GenerationOptions fields (sampling, max_new_tokens)
+    SESSION     uint8  [N]   the conversation's id, UTF-8: its KV prefix stays on the server
+    OPTIONS     uint8  [N]   optional UTF-8 JSON of GenerationOptions fields (sampling, max_new_tokens)
     -> TOKEN    int64  [1]   the chosen token id
     -> SERVER_US int64 [1]   server time from the request's arrival to this token, microseconds
     -> REUSED   int32  [1]   prompt tokens the session's cached prefix saved
 
 The server chooses tokens and stops at an end token, ``max_new_tokens`` or a full context; the
 client detokenizes, applies stop strings and cancels the stream when it has what it needs (a
-cancelled request leaves the batch at the next step).
+cancelled request leaves the batch at the next step). Text travels as UTF-8 bytes in uint8
+tensors, not Triton BYTES: the Python backend of tritonserver 2.51 mis-reads BYTES tensors
+under numpy 2 (``deserialize_bytes_tensor``: "unpack_from requires a buffer of at least
+33686022 bytes", seen on the GPU machine).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from engines.base import GenerationOptions
 
@@ -52,6 +57,11 @@ class ServeOptions:
     tokenizer_sha256: str = ""
 
 
+def utf8(text: str) -> np.ndarray:
+    """``text`` as the ``[1, N]`` uint8 tensor SESSION and OPTIONS travel in."""
+    return np.frombuffer(text.encode(), dtype=np.uint8).reshape(1, -1)
+
+
 def encode_options(options: GenerationOptions) -> str:
     """The JSON the server reads back with :func:`decode_options` (stop strings stay on the client)."""
     return json.dumps({k: getattr(options, k) for k in SERVED_OPTIONS})
@@ -59,7 +69,10 @@ def encode_options(options: GenerationOptions) -> str:
 
 def decode_options(text: str) -> GenerationOptions:
     """Options from a request; unknown keys or bad values raise ``ValueError`` naming them."""
-    values = json.loads(text) if text else {}
+    try:
+        values = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"OPTIONS is not JSON ({e}): {text[:80]!r}") from e
     if not isinstance(values, dict):
         raise ValueError("OPTIONS must be a JSON object")
     unknown = set(values) - set(SERVED_OPTIONS)
@@ -88,8 +101,8 @@ model_transaction_policy {{ decoupled: true }}
 dynamic_batching {{ {batcher} }}
 input [
   {{ name: "{PROMPT_IDS}" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }},
-  {{ name: "{SESSION}" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "{OPTIONS}" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
+  {{ name: "{SESSION}" data_type: TYPE_UINT8 dims: [ -1 ] allow_ragged_batch: true }},
+  {{ name: "{OPTIONS}" data_type: TYPE_UINT8 dims: [ -1 ] allow_ragged_batch: true optional: true }}
 ]
 output [
   {{ name: "{TOKEN}" data_type: TYPE_INT64 dims: [ 1 ] }},

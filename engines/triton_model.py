@@ -15,7 +15,8 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
+import torch
+import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils  # ty: ignore  (only inside Triton's stub)
 
 from engines.batching import BatchScheduler, RequestError
@@ -34,6 +35,34 @@ from engines.torch_backend import TorchBackendOptions, configure_threads, resolv
 from models.config import DecoderConfig
 
 logger = logging.getLogger(__name__)
+
+
+def tensor_input(request: Any, name: str) -> torch.Tensor | None:
+    """An input as a flat CPU tensor, through DLPack (None when the optional input is absent).
+
+    Not ``as_numpy()``: under numpy 2 the 2.51 stub's arrays repeat the first element
+    (``{{{{...`` for a JSON text, seen on the GPU machine), so ids would arrive as one id
+    repeated; DLPack hands over the buffer itself.
+    """
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).reshape(-1).cpu()
+
+
+def output(name: str, value: torch.Tensor) -> Any:
+    """An output tensor, through DLPack as the inputs (see :func:`tensor_input`)."""
+    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value))
+
+
+def text_input(request: Any, name: str) -> str:
+    """A UTF-8 uint8 input as text ('' when the optional input is absent).
+
+    Raises:
+        ValueError: The bytes are not UTF-8.
+    """
+    tensor = tensor_input(request, name)
+    return "" if tensor is None else bytes(tensor.to(torch.uint8).tolist()).decode()
 
 
 class TritonPythonModel:
@@ -66,14 +95,12 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                ids = pb_utils.get_input_tensor_by_name(request, PROMPT_IDS).as_numpy().reshape(-1)
-                session = pb_utils.get_input_tensor_by_name(request, SESSION).as_numpy().reshape(-1)[0]
-                options_tensor = pb_utils.get_input_tensor_by_name(request, OPTIONS)
-                text = b"" if options_tensor is None else options_tensor.as_numpy().reshape(-1)[0]
-                options = decode_options(text.decode() if isinstance(text, bytes) else str(text))
-                session_id = session.decode() if isinstance(session, bytes) else str(session)
-                sequence = self.scheduler.submit(session_id, ids.astype(np.int64).tolist(), options)
-            except (RequestError, ValueError, TypeError) as e:
+                ids = tensor_input(request, PROMPT_IDS)
+                assert ids is not None  # not optional: Triton refuses a request without it
+                session_id = text_input(request, SESSION)
+                options = decode_options(text_input(request, OPTIONS))
+                sequence = self.scheduler.submit(session_id, ids.tolist(), options)
+            except (RequestError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
                 sender.send(
                     pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
@@ -85,17 +112,15 @@ class TritonPythonModel:
         return None
 
     def _stream(self, request: Any, sender: Any, sequence: Any, arrived_ns: int) -> None:
-        reused = np.array([0], np.int32)
         try:
             for token, t_ns in sequence.tokens():
                 if request.is_cancelled():
                     sequence.cancel()
                     break
-                reused[0] = sequence.reused_tokens
                 outputs = [
-                    pb_utils.Tensor(TOKEN, np.array([token], np.int64)),
-                    pb_utils.Tensor(SERVER_US, np.array([(t_ns - arrived_ns) // 1000], np.int64)),
-                    pb_utils.Tensor(REUSED, reused.copy()),
+                    output(TOKEN, torch.tensor([token], dtype=torch.int64)),
+                    output(SERVER_US, torch.tensor([(t_ns - arrived_ns) // 1000], dtype=torch.int64)),
+                    output(REUSED, torch.tensor([sequence.reused_tokens], dtype=torch.int32)),
                 ]
                 sender.send(pb_utils.InferenceResponse(outputs))
         except RequestError as e:

@@ -145,6 +145,69 @@ def load(url: str, sessions: int, args: argparse.Namespace, vocab: int) -> dict[
     }
 
 
+class NoText:
+    """The driver's detokenizer for a model without a tokenizer (ids only)."""
+
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def check_replies(url: str, model_dir: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """Served greedy replies of 4 concurrent prompts vs the same weights run here at batch 1 (eager).
+
+    The check that the wire carries the right ids both ways; on a GPU in reduced precision a
+    batch and a batch-1 run may round differently, so the count of equal tokens is reported
+    rather than required.
+    """
+    import torch
+
+    from engines.driver import DecoderDriver
+    from engines.torch_backend import TorchBackendOptions, TorchStep, resolve_device
+    from models.weights import load_decoder
+
+    device, dtype = resolve_device(TorchBackendOptions(device=args.device, dtype=args.dtype))
+    step = TorchStep(load_decoder(model_dir, dtype=dtype, device=device), 512)
+    driver = DecoderDriver(step, NoText(), [])
+    options = GenerationOptions(max_new_tokens=args.reply_tokens)
+    rng = np.random.default_rng(1234)
+    prompts = [rng.integers(1, vocab, args.prompt_tokens).tolist() for _ in range(4)]
+    expected = []
+    for prompt in prompts:
+        driver.reset()
+        expected.append([c.token_id for c in driver.generate(prompt, options) if c.token_id >= 0])
+    del step, driver
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    got: list[list[int]] = [[] for _ in prompts]
+
+    def ask(i: int) -> None:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(url)
+        stream = _Stream(client, url)
+        stream.send(f"check{i}", prompts[i], options)
+        while (token := stream.next_token()) is not None:
+            got[i].append(token)
+        stream.close()
+        client.close()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    same = sum(a == b for g, e in zip(got, expected, strict=True) for a, b in zip(g, e, strict=False))
+    total = sum(len(e) for e in expected)
+    first_diff = [
+        next((k for k, (a, b) in enumerate(zip(g, e, strict=False)) if a != b), None)
+        for g, e in zip(got, expected, strict=True)
+    ]
+    return {"identical_replies": sum(g == e for g, e in zip(got, expected, strict=True)), "replies": len(prompts),
+            "equal_tokens": same, "tokens": total, "first_difference": first_diff}  # fmt: skip
+
+
 def serve_and_load(model_dir: Path, rows: int, args: argparse.Namespace, vocab: int) -> list[dict[str, Any]]:
     """Start the server with ``rows`` rows, warm it up, run every load."""
     settings = ServeSettings(port=free_port(), sequences=rows, queue_delay_us=args.queue_delay_us)
@@ -153,12 +216,18 @@ def serve_and_load(model_dir: Path, rows: int, args: argparse.Namespace, vocab: 
         model_dir=model_dir.resolve(), sequences=rows, context_tokens=context, device=args.device,
         dtype=args.dtype, threads=args.threads, queue_delay_us=args.queue_delay_us,
     )  # fmt: skip
-    server = TritonProcess(options, settings)
+    log = None if args.server_log is None else args.server_log.with_suffix(f".rows{rows}.log")
+    server = TritonProcess(options, settings, log)
     try:
         server.wait_ready()
         warm = argparse.Namespace(**{**vars(args), "turns": 1, "think_ms": 0})
         load(server.url, min(rows, 4), warm, vocab)  # first steps, allocator, gRPC warm
-        return [load(server.url, n, args, vocab) for n in args.sessions]
+        rows_ = [load(server.url, n, args, vocab) for n in args.sessions]
+        if rows > 1:
+            check = check_replies(server.url, model_dir, args, vocab)
+            print(f"served vs batch-1 here (rows {rows}): {check}", flush=True)
+            rows_[0]["check"] = check
+        return rows_
     finally:
         server.stop()
 
@@ -179,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--server-log", type=Path, help="keep tritonserver's log here (.rowsN.log)")
     args = parser.parse_args(argv)
     args.sessions = [int(n) for n in args.sessions.split(",")]
     rows = args.rows or max(args.sessions)

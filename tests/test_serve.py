@@ -21,7 +21,7 @@ import pytest
 from assistant.serve import ServeSettings, TritonProcess, serve_options
 from engines.base import GenerationOptions
 from engines.remote import RemoteDecoder, ServerUnavailable
-from engines.serving import MODEL_NAME, PROMPT_IDS, SESSION
+from engines.serving import MODEL_NAME, PROMPT_IDS, SESSION, utf8
 
 pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
 pytestmark = pytest.mark.slow
@@ -126,10 +126,10 @@ c = g.InferenceServerClient(sys.argv[1]); q = queue.Queue()
 c.start_stream(callback=lambda result, error: q.put((result, error)))
 ids = g.InferInput("PROMPT_IDS", [1, 3], "INT64")
 ids.set_data_from_numpy(np.array([[1, 9690, 198]], np.int64))
-sid = g.InferInput("SESSION", [1, 1], "BYTES")
-sid.set_data_from_numpy(np.array([[b"leaver"]], object))
-opt = g.InferInput("OPTIONS", [1, 1], "BYTES")
-opt.set_data_from_numpy(np.array([[b'{"max_new_tokens": 400}']], object))
+sid = g.InferInput("SESSION", [1, 6], "UINT8")
+sid.set_data_from_numpy(np.frombuffer(b"leaver", np.uint8).reshape(1, -1))
+opt = g.InferInput("OPTIONS", [1, 23], "UINT8")
+opt.set_data_from_numpy(np.frombuffer(b'{"max_new_tokens": 400}', np.uint8).reshape(1, -1))
 c.async_stream_infer("assistant_llm", [ids, sid, opt])
 for _ in range(3):
     q.get()
@@ -163,8 +163,8 @@ def raw_error(url: str, ids: np.ndarray) -> str:
     raw.start_stream(callback=lambda result, error: errors.append(str(error)))
     prompt_ids = grpcclient.InferInput(PROMPT_IDS, [1, ids.size], "INT64")
     prompt_ids.set_data_from_numpy(ids.reshape(1, -1).astype(np.int64))
-    sid = grpcclient.InferInput(SESSION, [1, 1], "BYTES")
-    sid.set_data_from_numpy(np.array([[b"bad"]], dtype=object))
+    sid = grpcclient.InferInput(SESSION, [1, 3], "UINT8")
+    sid.set_data_from_numpy(utf8("bad"))
     try:
         raw.async_stream_infer(MODEL_NAME, [prompt_ids, sid])
         deadline = time.monotonic() + 10
