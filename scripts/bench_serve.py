@@ -204,7 +204,8 @@ def check_replies(url: str, model_dir: Path, args: argparse.Namespace, vocab: in
         next((k for k, (a, b) in enumerate(zip(g, e, strict=False)) if a != b), None)
         for g, e in zip(got, expected, strict=True)
     ]
-    return {"identical_replies": sum(g == e for g, e in zip(got, expected, strict=True)), "replies": len(prompts),
+    identical = sum(g == e for g, e in zip(got, expected, strict=True))
+    return {"identical_replies": identical, "replies": len(prompts),
             "equal_tokens": same, "tokens": total, "first_difference": first_diff}  # fmt: skip
 
 
