@@ -60,6 +60,26 @@ class BatchedTorchStep:
         return self.model(ids, positions, self._rows(row, 1), kv_len=end, last_only=True)[0, -1]
 
     @torch.inference_mode()
+    def prefill_many(
+        self, rows: Sequence[int], token_lists: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> torch.Tensor:
+        """Several rows' prompts in one forward; each one's last-token fp32 logits ``[len(rows), V]``.
+
+        Prompts are left-padded to the longest, so each row's last token is the last column;
+        pads, and rows up to ``max(rows)`` that are not prefilling, sit at the filler slot (see
+        :meth:`decode`). Prompts never reach it (the scheduler keeps them under the capacity).
+        """
+        count, width = max(rows) + 1, max(len(t) for t in token_lists)
+        filler = self.capacity_tokens - 1
+        ids = torch.zeros((count, width), dtype=torch.long)
+        pos = torch.full((count, width), filler, dtype=torch.long)
+        for row, tokens, start in zip(rows, token_lists, starts, strict=True):
+            ids[row, width - len(tokens) :] = torch.tensor(list(tokens))
+            pos[row, width - len(tokens) :] = torch.arange(start, start + len(tokens))
+        logits = self.model(ids.to(self.device), pos.to(self.device), self._rows(0, count), last_only=True)
+        return logits[list(rows), -1]
+
+    @torch.inference_mode()
     def decode(self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One token for each of ``rows`` at its position; fp32 logits ``[len(rows), V]`` (device).
 
@@ -76,6 +96,9 @@ class BatchedTorchStep:
         kv_len = self.capacity_tokens if count > len(rows) else max(positions) + 1
         logits = self.model(ids.to(self.device), pos.to(self.device), self._rows(0, count), kv_len=kv_len)
         return logits[list(rows), -1]
+
+
+PREFILL_GROUP = 16  # newcomers prefilled in one forward (left-padded to the longest)
 
 
 class RequestError(ValueError):
@@ -145,6 +168,7 @@ class BatchScheduler:
         self.closed = False
         self.steps = 0  # decode steps run (for tests and the benchmark)
         self.batch_sizes: list[int] = []  # sequences per decode step
+        self.prefill_sizes: list[int] = []  # sequences per prefill forward
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
 
@@ -189,8 +213,8 @@ class BatchScheduler:
                 if self.closed:
                     break
                 joining = self._admit()
-            for sequence in joining:
-                self._prefill(sequence)
+            for group in range(0, len(joining), PREFILL_GROUP):
+                self._prefill(joining[group : group + PREFILL_GROUP])
             self._decode()
         for sequence in self.running + self.waiting:
             self._finish(sequence, StopReason.CANCELLED)
@@ -221,24 +245,38 @@ class BatchScheduler:
         self.rows[row] = _Row(session=session)
         return row
 
-    def _prefill(self, sequence: BatchedRequest) -> None:
-        if sequence.cancelled.is_set():
-            self._finish(sequence, StopReason.CANCELLED)
+    def _prefill(self, joining: list[BatchedRequest]) -> None:
+        """Prefill newcomers after their cached prefix: one forward for all (one alone: batch-1)."""
+        live: list[tuple[BatchedRequest, list[int], int]] = []
+        for sequence in joining:
+            if sequence.cancelled.is_set():
+                self._finish(sequence, StopReason.CANCELLED)
+                continue
+            row, ids = self.rows[sequence.row], sequence.prompt_ids
+            reuse = min(common_prefix_len(row.cached_ids, ids), len(ids) - 1)
+            sequence.reused_tokens = reuse
+            row.cached_ids = ids[:reuse]
+            live.append((sequence, ids[reuse:], reuse))
+        if not live:
             return
-        row, ids = self.rows[sequence.row], sequence.prompt_ids
-        reuse = min(common_prefix_len(row.cached_ids, ids), len(ids) - 1)
-        sequence.reused_tokens = reuse
-        row.cached_ids = ids[:reuse]
+        self.prefill_sizes.append(len(live))
         try:
-            logits = self.step.prefill(sequence.row, ids[reuse:], reuse)
-        except Exception as e:  # a failed forward ends this request, not the server
-            self._finish(sequence, None, f"prefill failed: {e}")
+            if len(live) == 1:
+                sequence, tokens, start = live[0]
+                logits = self.step.prefill(sequence.row, tokens, start)[None]
+            else:
+                rows, token_lists, starts = zip(*((s.row, t, p) for s, t, p in live), strict=True)
+                logits = self.step.prefill_many(rows, token_lists, starts)
+        except Exception as e:  # a failed forward ends these requests, not the server
+            for sequence, _, _ in live:
+                self._finish(sequence, None, f"prefill failed: {e}")
             return
-        row.cached_ids = list(ids)
-        sequence.sampler = Sampler(sequence.options)
-        sequence.context = list(ids)
-        self.running.append(sequence)
-        self._emit(sequence, self._choose(sequence, logits))
+        for (sequence, _, _), row_logits in zip(live, logits, strict=True):
+            self.rows[sequence.row].cached_ids = list(sequence.prompt_ids)
+            sequence.sampler = Sampler(sequence.options)
+            sequence.context = list(sequence.prompt_ids)
+            self.running.append(sequence)
+            self._emit(sequence, self._choose(sequence, row_logits))
 
     def _decode(self) -> None:
         running = [s for s in self.running if s.stop_reason is None]

@@ -62,9 +62,10 @@ def grouped_attention(
     scores = softcap((rows @ keys.transpose(-1, -2)).view(b, kv_heads, group, t, -1), logit_cap)
     scores = torch.where(mask[:, :, None], scores, float("-inf"))  # the same mask for every group
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    if t == 1:
+    if t == 1 and b == 1:
         # Decode: a matmul of 1-3 rows by the whole cache runs on a few blocks, each walking
-        # every position; a product-and-sum spreads the positions over the GPU instead.
+        # every position; a product-and-sum spreads the positions over the GPU instead. Not
+        # for a batch: its intermediate grows with the rows (~150 MB a layer at 64 rows).
         out = (probs.view(b, kv_heads, group, -1, 1) * values[:, :, None]).sum(dim=-2)
         return out.view(b, h, t, d)
     return (probs.view(b, kv_heads, group * t, -1) @ values).view(b, h, t, d)
