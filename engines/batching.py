@@ -169,6 +169,7 @@ class BatchScheduler:
         self.steps = 0  # decode steps run (for tests and the benchmark)
         self.batch_sizes: list[int] = []  # sequences per decode step
         self.prefill_sizes: list[int] = []  # sequences per prefill forward
+        self.decode_ns = 0  # time in decode steps (host view, logits on the device)
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
 
@@ -197,6 +198,15 @@ class BatchScheduler:
         """Rows held by running sequences."""
         with self.lock:
             return sum(r.busy for r in self.rows)
+
+    def summary(self) -> str:
+        """Decode steps, their mean time and batch size, prefill forwards (for the server's log)."""
+        steps = max(self.steps, 1)
+        mean_batch = sum(self.batch_sizes) / steps
+        return (
+            f"{self.steps} decode steps, {self.decode_ns / 1e6 / steps:.1f} ms and {mean_batch:.1f} "
+            f"sequences each; {len(self.prefill_sizes)} prefill forwards"
+        )
 
     def close(self) -> None:
         """Stop the thread; running and waiting sequences end as cancelled."""
@@ -288,6 +298,7 @@ class BatchScheduler:
             return
         rows = [s.row for s in running]
         positions = [len(self.rows[s.row].cached_ids) for s in running]
+        start_ns = time.monotonic_ns()
         try:
             logits = self.step.decode(rows, [s.last_token for s in running], positions)
         except Exception as e:
@@ -295,6 +306,7 @@ class BatchScheduler:
                 self._finish(sequence, None, f"decode step failed: {e}")
             return
         self.steps += 1
+        self.decode_ns += time.monotonic_ns() - start_ns
         self.batch_sizes.append(len(running))
         greedy = self._greedy_ids(running, logits)
         for i, sequence in enumerate(running):

@@ -142,5 +142,6 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self) -> None:
-        """Stop the scheduler (running sequences end cancelled)."""
+        """Stop the scheduler (running sequences end cancelled); its summary goes to the log."""
         self.scheduler.close()
+        logger.warning("served: %s", self.scheduler.summary())

@@ -165,11 +165,13 @@ def check_replies(url: str, model_dir: Path, args: argparse.Namespace, vocab: in
 
     from engines.driver import DecoderDriver
     from engines.torch_backend import TorchBackendOptions, TorchStep, resolve_device
+    from models.config import DecoderConfig
     from models.weights import load_decoder
 
     device, dtype = resolve_device(TorchBackendOptions(device=args.device, dtype=args.dtype))
     step = TorchStep(load_decoder(model_dir, dtype=dtype, device=device), 512)
-    driver = DecoderDriver(step, NoText(), [])
+    eos = DecoderConfig.from_dir(model_dir).eos_token_ids  # the server stops at them too
+    driver = DecoderDriver(step, NoText(), eos)
     options = GenerationOptions(max_new_tokens=args.reply_tokens)
     rng = np.random.default_rng(1234)
     prompts = [rng.integers(1, vocab, args.prompt_tokens).tolist() for _ in range(4)]

@@ -6,7 +6,8 @@ TensorRT-RTX engine is refused here rather than at Triton start-up. The engine's
 batch 1 (``max_batch_size: 1``): Triton's ``dynamic_batching`` then queues requests (with
 ``max_queue_delay_microseconds``) but cannot merge them, and the KV cache travels with every
 request, so this serves one conversation per request. Batched serving needs batch > 1
-profiles and a stateful (sequence) batcher, which this contract does not have.
+profiles and a stateful (sequence) batcher, which this contract does not have; ``assistant
+serve`` (:mod:`engines.triton_model`) serves the PyTorch decoder batched in flight instead.
 """
 
 from __future__ import annotations
