@@ -48,6 +48,15 @@ class BatchedTorchStep:
         return KVCache(k[:, first : first + count], v[:, first : first + count])
 
     @torch.inference_mode()
+    def swap_rows(self, a: int, b: int, slots: int) -> None:
+        """Exchange the first ``slots`` cached positions of rows ``a`` and ``b``."""
+        for cache in (self.cache.k, self.cache.v):
+            assert isinstance(cache, torch.Tensor)
+            held = cache[:, a, :, :slots].clone()
+            cache[:, a, :, :slots] = cache[:, b, :, :slots]
+            cache[:, b, :, :slots] = held
+
+    @torch.inference_mode()
     def prefill(self, row: int, token_ids: Sequence[int], start_pos: int) -> torch.Tensor:
         """Write ``token_ids`` at ``start_pos...`` of ``row``; the last token's fp32 logits ``[V]``.
 
@@ -243,17 +252,28 @@ class BatchScheduler:
         return joining
 
     def _row_for(self, session: str) -> int | None:
+        """The lowest free row, holding ``session``'s cached prefix if it has one.
+
+        Decode steps run over rows ``0..highest running``, so running sequences are kept low:
+        the session's own row (or, for a new session, an empty row, else the one idle the
+        longest, whose prefix is dropped) is swapped into the lowest free row, its cached
+        keys with it; the idle session that sat there keeps its prefix in the other row.
+        """
         free = [i for i, r in enumerate(self.rows) if not r.busy]
         if not free:
             return None
-        for i in free:
-            if session and self.rows[i].session == session:
-                return i
-        # Lowest empty row first keeps decode steps short; else evict the longest idle session.
-        empty = [i for i in free if not self.rows[i].session]
-        row = empty[0] if empty else min(free, key=lambda i: self.rows[i].last_used_ns)
-        self.rows[row] = _Row(session=session)
-        return row
+        lowest = free[0]
+        own = next((i for i in free if session and self.rows[i].session == session), None)
+        if own is None:
+            empty = [i for i in free if not self.rows[i].session]
+            own = empty[0] if empty else min(free, key=lambda i: self.rows[i].last_used_ns)
+            self.rows[own] = _Row(session=session)
+        if own != lowest:
+            slots = max(len(self.rows[own].cached_ids), len(self.rows[lowest].cached_ids))
+            if slots:
+                self.step.swap_rows(own, lowest, slots)
+            self.rows[own], self.rows[lowest] = self.rows[lowest], self.rows[own]
+        return lowest
 
     def _prefill(self, joining: list[BatchedRequest]) -> None:
         """Prefill newcomers after their cached prefix: one forward for all (one alone: batch-1)."""

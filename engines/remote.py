@@ -214,6 +214,13 @@ class RemoteDecoder(DecoderDriver):
                 self._connect()
                 return _Stream(self.client, self.url)
 
+    def close(self) -> None:
+        """Close the gRPC connection (idempotent); the server drops this session's row in time."""
+        with self.lock:
+            if self.client is not None:
+                self.client.close()
+                self.client = None
+
     def lost(self) -> None:
         """The server failed: drop the client (the next generation connects again) and the prefix."""
         with self.lock:

@@ -168,3 +168,21 @@ def test_empty_and_over_context_requests_are_refused_with_the_reason(scheduler) 
         scheduler.submit("bad", [], GREEDY)
     with pytest.raises(RequestError, match="does not fit the server's context of 512"):
         scheduler.submit("bad", list(range(600)), GREEDY)
+
+
+@pytest.mark.slow
+def test_a_returning_session_moves_to_the_lowest_row_with_its_prefix(scheduler, decoder, tokenizer) -> None:
+    """Decode steps span rows 0..highest running: a lone session must not decode from row 7."""
+    first = [scheduler.submit(f"move-{i}", prompt(tokenizer, q), GREEDY) for i, q in enumerate(QUESTIONS[:3])]
+    replies = [reply_ids(r, scheduler.eos_token_ids) for r in first]
+    high = max(range(3), key=lambda i: first[i].row)
+    assert first[high].row > 0
+    history = [
+        {"role": "user", "content": QUESTIONS[high]},
+        {"role": "assistant", "content": tokenizer.decode(replies[high], skip_special_tokens=True)},
+    ]
+    follow_ids = prompt(tokenizer, "Tell me more.", history)
+    follow = scheduler.submit(f"move-{high}", follow_ids, GREEDY)
+    assert reply_ids(follow, scheduler.eos_token_ids) == alone(decoder, follow_ids)
+    assert follow.row == 0
+    assert follow.reused_tokens >= len(first[high].prompt_ids)  # its keys moved with it

@@ -72,7 +72,7 @@ def test_bench_serve_smoke_runs_both_servers_and_checks_the_replies(tmp_path):
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert "| server | sessions | requests/s |" in out.stdout
+    assert "| server | sessions | requests/s | tokens/s | TTFT P50 / P95 / P99 ms |" in out.stdout
     doc = json.loads(out_json.read_text())
     for mode in ("batched", "sequential"):
         rows = doc["results"][mode]

@@ -20,7 +20,7 @@ import pytest
 
 from assistant.serve import ServeSettings, TritonProcess, serve_options
 from engines.base import GenerationOptions
-from engines.remote import RemoteDecoder, ServerUnavailable
+from engines.remote import RemoteDecoder
 from engines.serving import MODEL_NAME, PROMPT_IDS, SESSION, utf8
 
 pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
@@ -185,34 +185,41 @@ def test_empty_and_over_context_requests_get_their_reason(server, model_dir, tok
     )
 
 
-def test_a_server_killed_mid_reply_gives_a_notice_and_the_next_turn_works(model_dir, tokenizer) -> None:
-    from assistant.config import DEFAULT_SYSTEM_PROMPT
-    from assistant.dialogue import Dialogue
+def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn_works(model_dir) -> None:
+    """Through the app's own session (load_llm with --llm-server, warm-up, the pipeline)."""
+    from assistant.config import DecoderSettings, GenerationSettings, Settings
+    from assistant.events import TokenGenerated
+    from assistant.session import build_session
+    from assistant.stages import LLM_SERVER_LOST
 
     port = free_port()
     server = start(model_dir, port, sequences=2)
+    state = {"server": server}
+
+    def kill_at_third_token(event) -> None:
+        if isinstance(event, TokenGenerated) and event.turn_id == 1 and event.index == 2:
+            state["server"].process.kill()
+
+    settings = Settings(
+        decoder=DecoderSettings(server=f"127.0.0.1:{port}"), generation=GenerationSettings(max_new_tokens=120)
+    )
+    session = build_session(settings, devices=False, asr=False, tts=False, emit=kill_at_third_token)
     try:
-        client = remote(server, model_dir, tokenizer)
-        dialogue = Dialogue(client, tokenizer, DEFAULT_SYSTEM_PROMPT, GenerationOptions(max_new_tokens=200))
-        reply = dialogue.ask("Tell me a long story about a dragon.")
-        chunks = iter(reply)
-        next(chunks)
-        server.process.kill()
-        with pytest.raises(ServerUnavailable, match=f"LLM server 127.0.0.1:{port}"):
-            for _ in chunks:
-                pass
-        assert dialogue.turns and dialogue.turns[-1].user == "Tell me a long story about a dragon."
-    finally:
+        assert session.pipeline.dialogue.decoder.name == f"server 127.0.0.1:{port} (smollm2-135m-instruct)"
+        story = "Tell me a long story about a dragon."
+        first = session.pipeline.run_text_turn(1, story, None, threading.Event())
+        assert first.cancelled == LLM_SERVER_LOST
+        assert first.tokens >= 3 and first.metrics["network_ms"] is not None
         server.stop()
-    server = start(model_dir, port, sequences=2)
-    try:
-        again = dialogue.ask("What is the capital of France?")
-        text = "".join(c.text for c in again)
-        assert "Paris" in text
-        assert again.plan.ids[: len(dialogue.turns)]  # the prompt still holds the first turn
-        assert "dragon" in tokenizer.decode(again.plan.ids)
+        state["server"] = server = start(model_dir, port, sequences=2)
+        second = session.pipeline.run_text_turn(2, "What is the capital of France?", None, threading.Event())
+        assert not second.cancelled and "Paris" in second.reply
+        turns = session.pipeline.dialogue.turns
+        assert [t.user for t in turns] == [story, "What is the capital of France?"]  # nothing lost
+        assert second.prompt_tokens > first.prompt_tokens  # the story's turn is in the prompt
     finally:
-        server.stop()
+        session.close()
+        state["server"].stop()
 
 
 def test_serve_names_a_port_in_use() -> None:
