@@ -23,6 +23,9 @@ from assistant.llm import load_llm
 from engines import onnx_export
 from engines.base import StopReason
 from engines.onnx_export import (
+    INPUT_IDS,
+    LAST_LOGITS,
+    POSITION_IDS,
     ExportOptions,
     check_export,
     export_decoder,
@@ -338,3 +341,26 @@ def test_changed_weights_get_a_new_export_and_the_stale_one_is_removed(tiny_dir)
     assert not second.cache_hit and second.path != first.path
     assert not first.path.parent.exists()
     assert second.metadata["assistant.weights_sha256"] == weights_sha256(tiny_dir)
+
+
+def test_the_export_batches_rows_of_one_length_as_each_alone(exports, tokenizer):
+    """The batch axis (docs/serving.md: what a TensorRT profile over it would serve): two prompts of
+    equal length in one run give each one's batch-1 logits; rows at different positions are not
+    in this contract (one past length for every row)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(exports["fp32"].path), providers=["CPUExecutionProvider"])
+    layers = int(exports["fp32"].metadata["assistant.num_layers"])
+    kv, head = (int(exports["fp32"].metadata[f"assistant.{k}"]) for k in ("num_kv_heads", "head_dim"))
+    rows = [tokenizer.encode(p, add_special_tokens=False)[:5] for p in PROMPTS[:2]]
+
+    def run(ids: list[list[int]]) -> np.ndarray:
+        batch, length = len(ids), len(ids[0])
+        empty = np.zeros((batch, kv, 0, head), np.float32)
+        feeds = {INPUT_IDS: np.array(ids, np.int64), POSITION_IDS: np.tile(np.arange(length), (batch, 1))}
+        feeds |= {name: empty for name in past_names(layers)}
+        return session.run([LAST_LOGITS], feeds)[0]
+
+    together = run(rows)
+    for i, ids in enumerate(rows):
+        assert rel_err(together[i], run([ids])[0]) < 1e-5
