@@ -219,8 +219,9 @@ def _coerce(kind: Any, value: Any, f: dataclasses.Field[Any], name: str, where: 
         converted = _convert(kind, value)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {name} = {_show(value)} is not {_KINDS[kind]}") from e
-    if kind in (int, float):
-        problem = out_of_bounds(converted, f.metadata)
+    numbers = converted if kind == list[int] else [converted] if kind in (int, float) else []
+    for number in numbers:  # each number of a list is held to the field's range
+        problem = out_of_bounds(number, f.metadata)
         if problem:
             raise ConfigError(f"{where}: {name} = {_show(value)} {problem}")
     return converted

@@ -50,7 +50,7 @@ class ServeSettings:
     port: int = field(default=8001, metadata=bounds(min=1, max=65535))
     sequences: int = field(default=16, metadata=bounds(min=1, max=256))
     queue_delay_us: int = field(default=100, metadata=bounds(min=0, max=1_000_000))
-    preferred_batch_sizes: list[int] = field(default_factory=list)
+    preferred_batch_sizes: list[int] = field(default_factory=list, metadata=bounds(min=1, max=256))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from engines.serving import (
     MODEL_NAME,
     OPTIONS,
     PROMPT_IDS,
+    REFUSED,
     REUSED,
     SERVER_US,
     SESSION,
@@ -93,13 +94,10 @@ class _Stream:
             ) from None
         if error is not None:
             message = str(getattr(error, "message", lambda: error)())
-            if (
-                "unavailable" in message.lower()
-                or "connect" in message.lower()
-                or "socket" in message.lower()
-            ):
-                raise ServerUnavailable(f"LLM server {self.url} stopped answering ({message})")
-            raise ValueError(f"LLM server {self.url} refused the request: {message}")
+            if REFUSED in message:  # our request was wrong: no reconnect will help
+                raise ValueError(f"LLM server {self.url} refused the request: {message.split(REFUSED)[-1]}")
+            # Gone, reset, or failing inside (a stub that died): the next turn connects again.
+            raise ServerUnavailable(f"LLM server {self.url} stopped answering ({message})")
         token = result.as_numpy(TOKEN)
         if token is None:  # the empty final response
             return None

@@ -32,6 +32,7 @@ from engines.base import GenerationOptions
 MODEL_NAME = "assistant_llm"
 PROMPT_IDS, SESSION, OPTIONS = "PROMPT_IDS", "SESSION", "OPTIONS"
 TOKEN, SERVER_US, REUSED = "TOKEN", "SERVER_US", "REUSED"
+REFUSED = "request refused: "  # leads the error of a request the server will not run (the client's fault)
 SERVED_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
 
 

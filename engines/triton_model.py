@@ -24,6 +24,7 @@ from engines.batching_graph import load_batched_step
 from engines.serving import (
     OPTIONS,
     PROMPT_IDS,
+    REFUSED,
     REUSED,
     SERVER_US,
     SESSION,
@@ -102,7 +103,7 @@ class TritonPythonModel:
                 sequence = self.scheduler.submit(session_id, ids.tolist(), options)
             except (RequestError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
                 sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED + str(e))),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
                 continue

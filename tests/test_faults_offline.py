@@ -56,7 +56,7 @@ def traced(args: list[str], tmp_path: Path, stdin: str = "") -> tuple[subprocess
     trace = tmp_path / "network.strace"
     cmd = [
         *_no_network_prefix(),
-        "strace", "-f", "-qq", "-e", "trace=%network,openat", "-o", str(trace),
+        "strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%network,openat", "-o", str(trace),
         sys.executable, "-c", LINGERING_MAIN, *args,
     ]  # fmt: skip
     out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=600)

@@ -22,20 +22,11 @@ from assistant.serve import ServeSettings, TritonProcess, serve_options
 from engines.base import GenerationOptions
 from engines.remote import RemoteDecoder
 from engines.serving import MODEL_NAME, PROMPT_IDS, SESSION, utf8
+from tests.test_batching import QUESTIONS
 
 pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three colours.",
-    "How many days are in a week?",
-    "Tell me a joke.",
-    "What is two plus two?",
-    "Who wrote Hamlet?",
-    "What is the speed of light?",
-    "Say hello in Spanish.",
-]
 GREEDY = GenerationOptions(max_new_tokens=24)
 
 
