@@ -135,7 +135,8 @@ class RemoteDecoder(DecoderDriver):
                 f"the LLM server at {url} runs {served.model_dir.name}, whose tokenizer differs from "
                 "this station's model; start the station with the server's model (--model)"
             )
-        step = RemoteStep(f"server {url} ({served.model_dir.name})", served.context_tokens)
+        self.served_model = served.model_dir.name
+        step = RemoteStep(f"server {url}", served.context_tokens)
         super().__init__(step, tokenizer, eos_token_ids, cache_status=f"served by {url}")
         self.network_ms: float | None = None  # of the last generation's first token
 

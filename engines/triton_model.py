@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -51,6 +52,20 @@ def tensor_input(request: Any, name: str) -> torch.Tensor | None:
     return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).reshape(-1).cpu()
 
 
+def _exit_with_server(server_pid: int) -> None:
+    """End this stub once tritonserver is gone.
+
+    Killed with SIGKILL, tritonserver cannot stop us: we would hold the model's memory forever,
+    reparented to init.
+    """
+    while os.getppid() == server_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
+
+
+PARENT_CHECK_S = 0.5
+
+
 def output(name: str, value: torch.Tensor) -> Any:
     """An output tensor, through DLPack as the inputs (see :func:`tensor_input`)."""
     return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value))
@@ -82,6 +97,7 @@ class TritonPythonModel:
         graphs = use_cuda_graph(dataclasses.replace(torch_options, cuda_graph=options.cuda_graph), device)
         step = load_batched_step(options.model_dir, options.sequences, capacity, device, dtype, graphs)
         self.scheduler = BatchScheduler(step, config.eos_token_ids)
+        threading.Thread(target=_exit_with_server, args=(os.getppid(),), daemon=True).start()
         logger.info(
             "serving %s: %s, %d sequences of %d tokens",
             options.model_dir,

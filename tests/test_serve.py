@@ -196,10 +196,16 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
     )
     session = build_session(settings, devices=False, asr=False, tts=False, emit=kill_at_third_token)
     try:
-        assert session.pipeline.dialogue.decoder.name == f"server 127.0.0.1:{port} (smollm2-135m-instruct)"
+        decoder = session.pipeline.dialogue.decoder
+        assert (decoder.name, decoder.served_model) == (f"server 127.0.0.1:{port}", "smollm2-135m-instruct")
         story = "Tell me a long story about a dragon."
         first = session.pipeline.run_text_turn(1, story, None, threading.Event())
         assert first.cancelled == LLM_SERVER_LOST
+        work = server.work.name  # the model's process (Triton's stub) must not outlive the server
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pgrep", "-f", work], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, f"a process of {work} outlived its killed server"
+            time.sleep(0.2)
         assert first.tokens >= 3 and first.metrics["network_ms"] is not None
         server.stop()
         state["server"] = server = start(model_dir, port, sequences=2)
