@@ -48,6 +48,12 @@ class ServerUnavailable(ConnectionError):
     """The LLM server cannot be reached, or stopped answering; the message names the URL."""
 
 
+def _message(error: object) -> str:
+    """The text of a tritonclient error (its ``message()``), or of any exception."""
+    message = getattr(error, "message", None)
+    return str(message() if callable(message) else error)
+
+
 class RemoteStep:
     """What the driver reads of a step (name, capacity); the forward runs on the server."""
 
@@ -80,9 +86,15 @@ class _Stream:
         session_input.set_data_from_numpy(sid)
         options_input = grpcclient.InferInput(OPTIONS, list(opts.shape), "UINT8")
         options_input.set_data_from_numpy(opts)
-        self.client.async_stream_infer(
-            MODEL_NAME, [ids, session_input, options_input], enable_empty_final_response=True
-        )
+        try:
+            self.client.async_stream_infer(
+                MODEL_NAME, [ids, session_input, options_input], enable_empty_final_response=True
+            )
+        except Exception as e:  # the stream broke before the request left (the server is gone)
+            detail = e
+            if not self.items.empty():
+                detail = self.items.get_nowait()[1] or e  # the callback has the reason
+            raise ServerUnavailable(f"LLM server {self.url} cannot be reached ({_message(detail)})") from e
 
     def next_token(self) -> int | None:
         """The next token id, or None when the server ended the generation."""
@@ -93,7 +105,7 @@ class _Stream:
                 f"LLM server {self.url} sent nothing for {TOKEN_TIMEOUT_S:.0f} s"
             ) from None
         if error is not None:
-            message = str(getattr(error, "message", lambda: error)())
+            message = _message(error)
             if REFUSED in message:  # our request was wrong: no reconnect will help
                 raise ValueError(f"LLM server {self.url} refused the request: {message.split(REFUSED)[-1]}")
             # Gone, reset, or failing inside (a stub that died): the next turn connects again.

@@ -211,9 +211,12 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
         state["server"] = server = start(model_dir, port, sequences=2)
         second = session.pipeline.run_text_turn(2, "What is the capital of France?", None, threading.Event())
         assert not second.cancelled and "Paris" in second.reply
-        turns = session.pipeline.dialogue.turns
-        assert [t.user for t in turns] == [story, "What is the capital of France?"]  # nothing lost
         assert second.prompt_tokens > first.prompt_tokens  # the story's turn is in the prompt
+        server.stop()  # gone between two turns: the connection looks fine until it is used
+        gone = session.pipeline.run_text_turn(3, "Are you there?", None, threading.Event())
+        assert gone.cancelled == LLM_SERVER_LOST and gone.tokens == 0
+        turns = session.pipeline.dialogue.turns
+        assert [t.user for t in turns] == [story, "What is the capital of France?", "Are you there?"]
     finally:
         session.close()
         state["server"].stop()
