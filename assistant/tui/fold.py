@@ -24,6 +24,7 @@ from assistant.events import (
     TurnCancelled,
     TurnHeld,
 )
+from assistant.stages import LLM_SERVER_LOST
 from assistant.tui.widgets import Conversation, StatusBar
 
 
@@ -107,4 +108,10 @@ class TurnFold:
         elif isinstance(event, TurnCancelled):
             conversation.flush()
             conversation.cancelled(turn, event.reason)
+            if event.reason == LLM_SERVER_LOST:
+                conversation.notice(
+                    "the LLM server stopped answering: the text so far is kept, the next turn "
+                    "connects again",
+                    error=True,
+                )
         return True
