@@ -81,7 +81,7 @@ class VoicePipeline:
         self._events_lock = threading.Lock()
         self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
         self._transcribing: set[int] = set()  # turns whose own ASR has started
-        self._server_lost: dict[int, str] = {}  # turns whose LLM server failed mid-reply: why
+        self._server_lost: set[int] = set()  # turns whose LLM server failed mid-reply
         self.held = HeldSpeech()  # only the turn threads touch it, one turn at a time
 
     def emit(self, event: Event) -> None:
@@ -282,7 +282,7 @@ class VoicePipeline:
             self._stream_reply(turn, reply, sentences, cancel, gate, splitter)
         except ServerUnavailable as e:  # --llm-server: the text so far is kept, the next turn reconnects
             logger.warning("turn %d: %s", turn, e)
-            self._server_lost[turn] = str(e)
+            self._server_lost.add(turn)
         return reply
 
     def _stream_reply(
@@ -383,7 +383,7 @@ class VoicePipeline:
 
     def _finish(self, turn: int) -> TurnRecord:
         self._transcribing.discard(turn)
-        self._server_lost.pop(turn, None)
+        self._server_lost.discard(turn)
         record = build_record(
             turn,
             self._snapshot(),

@@ -11,6 +11,7 @@ in ``_thread.RLock`` here); so the interpreter's own library directory leads
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import logging
@@ -23,10 +24,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from engines.bounds import bounds
 from engines.serving import MODEL_NAME, ServeOptions, write_repository
+
+if TYPE_CHECKING:  # assistant.config imports this module for [serve]
+    from assistant.config import DecoderSettings
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +117,7 @@ def check_port_free(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as e:
-        if e.errno == 98:  # EADDRINUSE
+        if e.errno == errno.EADDRINUSE:
             raise ServeError(f"port {port} on {host} is in use; pick another with --port") from e
         raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); check --host") from e
 
@@ -233,16 +237,16 @@ class TritonProcess:
         self.work.cleanup()
 
 
-def serve_options(model_dir: Path, decoder: object, settings: ServeSettings) -> ServeOptions:
+def serve_options(model_dir: Path, decoder: DecoderSettings, settings: ServeSettings) -> ServeOptions:
     """The served model's options from ``[decoder]`` (device, precision, context) and ``[serve]``."""
     return ServeOptions(
         model_dir=model_dir.resolve(),
         sequences=settings.sequences,
-        context_tokens=getattr(decoder, "context_tokens", 2048),
-        device=getattr(decoder, "device", "auto"),
-        dtype=getattr(decoder, "dtype", "auto"),
-        threads=getattr(decoder, "threads", 0),
-        cuda_graph=getattr(decoder, "cuda_graph", "auto"),
+        context_tokens=decoder.context_tokens,
+        device=decoder.device,
+        dtype=decoder.dtype,
+        threads=decoder.threads,
+        cuda_graph=decoder.cuda_graph,
         queue_delay_us=settings.queue_delay_us,
         preferred_batch_sizes=tuple(settings.preferred_batch_sizes),
         tokenizer_sha256=tokenizer_sha256(model_dir),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -107,6 +108,7 @@ class BatchedTorchStep:
         return logits[list(rows), -1]
 
 
+HISTORY = 4096  # per-step batch sizes kept
 PREFILL_GROUP = 16  # newcomers prefilled in one forward (left-padded to the longest)
 
 
@@ -175,9 +177,12 @@ class BatchScheduler:
         self.running: list[BatchedRequest] = []
         self.lock = threading.Condition()
         self.closed = False
-        self.steps = 0  # decode steps run (for tests and the benchmark)
-        self.batch_sizes: list[int] = []  # sequences per decode step
-        self.prefill_sizes: list[int] = []  # sequences per prefill forward
+        # Counts for the log and tests; the per-step history is bounded (a server runs for days).
+        self.steps = 0  # decode steps run
+        self.decoded = 0  # sequences advanced, summed over the steps
+        self.prefills = 0  # prefill forwards run
+        self.batch_sizes: deque[int] = deque(maxlen=HISTORY)  # sequences per decode step, latest
+        self.prefill_sizes: deque[int] = deque(maxlen=HISTORY)  # sequences per prefill forward, latest
         self.decode_ns = 0  # time in decode steps (host view, logits on the device)
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
@@ -211,10 +216,10 @@ class BatchScheduler:
     def summary(self) -> str:
         """Decode steps, their mean time and batch size, prefill forwards (for the server's log)."""
         steps = max(self.steps, 1)
-        mean_batch = sum(self.batch_sizes) / steps
+        mean_batch = self.decoded / steps
         return (
             f"{self.steps} decode steps, {self.decode_ns / 1e6 / steps:.1f} ms and {mean_batch:.1f} "
-            f"sequences each; {len(self.prefill_sizes)} prefill forwards"
+            f"sequences each; {self.prefills} prefill forwards"
         )
 
     def close(self) -> None:
@@ -289,6 +294,7 @@ class BatchScheduler:
             live.append((sequence, ids[reuse:], reuse))
         if not live:
             return
+        self.prefills += 1
         self.prefill_sizes.append(len(live))
         try:
             if len(live) == 1:
@@ -327,6 +333,7 @@ class BatchScheduler:
             return
         self.steps += 1
         self.decode_ns += time.monotonic_ns() - start_ns
+        self.decoded += len(running)
         self.batch_sizes.append(len(running))
         greedy = self._greedy_ids(running, logits)
         for i, sequence in enumerate(running):

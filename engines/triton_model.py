@@ -8,7 +8,6 @@ soon as Triton says the client is gone (a cancelled gRPC stream or a dropped con
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -88,13 +87,13 @@ class TritonPythonModel:
         """Load the weights and start the scheduler thread."""
         options = read_parameters(json.loads(args["model_config"]))
         torch_options = TorchBackendOptions(
-            device=options.device, dtype=options.dtype, threads=options.threads
+            device=options.device, dtype=options.dtype, threads=options.threads, cuda_graph=options.cuda_graph
         )
         configure_threads(options.threads)
         device, dtype = resolve_device(torch_options)
         config = DecoderConfig.from_dir(options.model_dir)
         capacity = min(options.context_tokens, config.max_position_embeddings)
-        graphs = use_cuda_graph(dataclasses.replace(torch_options, cuda_graph=options.cuda_graph), device)
+        graphs = use_cuda_graph(torch_options, device)
         step = load_batched_step(options.model_dir, options.sequences, capacity, device, dtype, graphs)
         self.scheduler = BatchScheduler(step, config.eos_token_ids)
         threading.Thread(target=_exit_with_server, args=(os.getppid(),), daemon=True).start()

@@ -110,8 +110,7 @@ class TurnFold:
             conversation.cancelled(turn, event.reason)
             if event.reason == LLM_SERVER_LOST:
                 conversation.notice(
-                    "the LLM server stopped answering: the text so far is kept, the next turn "
-                    "connects again",
+                    "the LLM server stopped answering: the text so far is kept, the next turn connects again",
                     error=True,
                 )
         return True
