@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from assistant.app import Session
     from assistant.config import Settings
-    from assistant.session import Session
 
 logger = logging.getLogger("assistant")
 
@@ -62,7 +62,7 @@ def _check_output_args(args: argparse.Namespace) -> None:
         UnwritablePath: A file or folder named by a flag cannot be written.
         ValueError: ``--output`` without ``--input``.
     """
-    from assistant.files import check_writable_dir, check_writable_file
+    from store.files import check_writable_dir, check_writable_file
 
     output: Path | None = getattr(args, "output", None)
     if output is not None and getattr(args, "input", None) is None:
@@ -81,14 +81,14 @@ def _check_output_args(args: argparse.Namespace) -> None:
 
 def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
     """Refuse a context too small for the prompt, with the tokenizer only (no model loads)."""
-    from assistant.llm import load_tokenizer, resolve_llm_dir
-    from assistant.preflight import check_context
+    from assistant.modes.preflight import check_context
+    from assistant.stages.llm import load_tokenizer, resolve_llm_dir
 
     check_context(settings, lambda: load_tokenizer(resolve_llm_dir(settings.models)), flags)
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
-    from models.store import BUNDLED, ModelStore
+    from store.bundled import BUNDLED, ModelStore
 
     store = ModelStore(settings.models.store_dir)
     # By default the models every run needs; the Piper voice too when it is configured or present.
@@ -121,9 +121,9 @@ def _models(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _chat(settings: Settings) -> int:
-    from assistant.chat import run_chat
-    from assistant.dialogue import Dialogue
-    from assistant.llm import load_llm
+    from assistant.modes.chat import run_chat
+    from assistant.stages.dialogue import Dialogue
+    from assistant.stages.llm import load_llm
 
     if settings.metrics.port:
         print(
@@ -146,15 +146,15 @@ def _chat(settings: Settings) -> int:
 
 
 def _serve(settings: Settings) -> int:
-    from assistant.llm import resolve_llm_dir
-    from assistant.serve import run_server, serve_options
+    from assistant.modes.serve import run_server, serve_options
+    from assistant.stages.llm import resolve_llm_dir
 
     model_dir = resolve_llm_dir(settings.models)
     return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
 
 
 def _devices() -> int:
-    from assistant.devices import list_devices
+    from assistant.stages.devices import list_devices
 
     devices = list_devices()
     if not devices:
@@ -168,8 +168,8 @@ def _devices() -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from assistant.asr import load_wav
-    from assistant.voice import find_utterance
+    from assistant.stages.asr import load_wav
+    from assistant.stages.vad import find_utterance
 
     input_wav: Path | None = getattr(args, "input", None)
     output: Path | None = getattr(args, "output", None)
@@ -188,10 +188,10 @@ def _headless(
     audio: np.ndarray | None,
     output: Path | None,
 ) -> int:
-    from assistant.latency import EventLog
-    from assistant.metrics import serving
-    from assistant.session import build_session
-    from assistant.voice import ConsoleReporter, fan_out
+    from assistant.app import build_session
+    from assistant.modes.run import ConsoleReporter, fan_out
+    from assistant.observe.latency import EventLog
+    from assistant.observe.metrics import serving
 
     events_path: Path | None = getattr(args, "events", None)
     event_log = EventLog(events_path) if events_path else None
@@ -208,7 +208,8 @@ def _headless(
                 engine_events=metrics.engine_event if metrics else None,
             )
             if metrics is not None:
-                metrics.attach(session, settings.models.llm)
+                asr_model = session.transcriber.description if session.transcriber else ""
+                metrics.attach(session.dialogue.decoder, settings.models.llm, asr_model)
             return _serve_session(session, settings, input_wav, audio, output)
     finally:
         if event_log:
@@ -223,8 +224,8 @@ def _serve_session(
     output: Path | None,
 ) -> int:
     """Answer the file's question, or run the live loop (text chat without devices); closes ``session``."""
-    from assistant.chat import run_chat
-    from assistant.voice import run_file, run_live
+    from assistant.modes.chat import run_chat
+    from assistant.modes.run import run_file, run_live
 
     for notice in session.notices:
         print(f"notice: {notice}", file=sys.stderr)
@@ -283,15 +284,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     from assistant.cli import build_parser, flag_names
-    from assistant.offline import hub_requested, stay_offline
+    from assistant.modes.offline import hub_requested, stay_offline
 
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
         stay_offline()
         return _bench(argv[1:])
     from assistant.config import ConfigError
-    from assistant.engine_cli import run_engine
-    from models.store import FetchError
+    from assistant.modes.engine import run_engine
     from models.weights import CorruptModel, ModelNotFound
+    from store.bundled import FetchError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -310,7 +311,7 @@ def _main(argv: list[str]) -> int:
         if settings.decoder.server and args.command in (None, "chat", "run"):
             print(f"decoding on the LLM server {settings.decoder.server}", file=sys.stderr)
         elif settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
-            from assistant.llm import resolve_auto_backend
+            from assistant.stages.llm import resolve_auto_backend
 
             # Said before the models load; the setting stays "auto", so the load can fall back
             # from TensorRT when its engine fails (and say why).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    from assistant.llm import BACKENDS
+    from assistant.stages.llm import BACKENDS
 
     # SUPPRESS: an unset flag leaves no attribute, so `assistant --model X chat` keeps X.
     parser.argument_default = argparse.SUPPRESS
@@ -183,8 +183,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree for every subcommand."""
-    from assistant.engine_cli import add_engine_parsers
-    from models.store import BUNDLED
+    from assistant.modes.engine import add_engine_parsers
+    from store.bundled import BUNDLED
 
     parser = argparse.ArgumentParser(
         prog="assistant",

@@ -245,7 +245,7 @@ class TurnCancelled(Event):
 
 @dataclass(frozen=True)
 class TurnDone(Event):
-    """The turn is over; ``record`` is its latency record (``assistant.latency.TurnRecord``)."""
+    """The turn is over; ``record`` is its latency record (``assistant.observe.latency.TurnRecord``)."""
 
     record: object = None
 

@@ -4,7 +4,7 @@ Order: full TensorRT when importable and the GPU is one it supports (compute cap
 else TensorRT-RTX on the RTX GPUs it runs on (8.0, 8.6, 8.9, 12.0, 12.1), else PyTorch on
 CUDA. Without a CUDA GPU: ONNX Runtime on the CPU (it decoded ~2.2x faster than our PyTorch
 backend on the 2-core CI machine, docs/benchmarks.md), else PyTorch on the CPU. When the
-TensorRT picked fails at start (build, load, warm-up, accuracy gate), ``assistant.llm.load_llm``
+TensorRT picked fails at start (build, load, warm-up, accuracy gate), ``assistant.stages.llm.load_llm``
 takes ``choose_backend(..., without_tensorrt=True)``: PyTorch on the GPU (with CUDA graphs), or
 on the CPU when PyTorch has no CUDA.
 """

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.store import repair_hint
+from store.bundled import repair_hint
 
 # model_type values of config.json this decoder implements (Gemma 3's multimodal "gemma3" loads
 # its text model). Each family is a few explicit fields of DecoderConfig (see _family).

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from models.config import DecoderConfig
 from models.decoder import Decoder
-from models.store import check_files, repair_hint
+from store.bundled import check_files, repair_hint
 
 FETCH_HINT = "run 'assistant models fetch' (or point --model at a safetensors folder of a supported family)"
 

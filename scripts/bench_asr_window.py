@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from assistant.config import ModelSettings  # noqa: E402
-from models.store import DEFAULT_ASR, ModelStore  # noqa: E402
+from store.bundled import DEFAULT_ASR, ModelStore  # noqa: E402
 from tests.speech import speak  # noqa: E402
 
 QUESTIONS = [

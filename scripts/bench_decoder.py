@@ -68,12 +68,12 @@ from bench_backends import (
 from bench_report import copy_bandwidth_gbps, machine, render, weight_floor
 
 from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
-from assistant.offline import stay_offline
+from assistant.modes.offline import stay_offline
 from engines.base import GenerationOptions
 from engines.cuda_graph import CudaGraphStep
 from engines.torch_backend import configure_threads
 from models.config import DecoderConfig
-from models.store import DEFAULT_LLM, ModelStore
+from store.bundled import DEFAULT_LLM, ModelStore
 
 FILLER = (
     "The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passed "
@@ -172,7 +172,7 @@ def replay_ms(replay: Any, steps: int) -> float:
 
 
 def chat_turn2(driver: Any, tokenizer: Any, reuse: bool) -> tuple[float, list[int], str]:
-    from assistant.dialogue import Dialogue
+    from assistant.stages.dialogue import Dialogue
 
     driver.reset()
     dialogue = Dialogue(driver, tokenizer, DEFAULT_SYSTEM_PROMPT, GenerationOptions(max_new_tokens=32))
@@ -310,7 +310,7 @@ def load(args: argparse.Namespace, tmp: Path, device: torch.device) -> tuple[Pat
         )
     if not (args.model_dir / "config.json").is_file():
         sys.exit(f"no model at {args.model_dir}: run 'assistant models fetch' or pass --model-dir")
-    from assistant.llm import load_tokenizer
+    from assistant.stages.llm import load_tokenizer
 
     return args.model_dir, str(args.model_dir), load_tokenizer(args.model_dir)
 
@@ -336,7 +336,7 @@ def agreement(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
     args = parse_args(argv)
     device = torch.device(
         "cuda"

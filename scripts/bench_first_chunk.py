@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from assistant.config import load_settings
-from assistant.dialogue import Dialogue
-from assistant.llm import load_llm
-from assistant.offline import stay_offline
-from assistant.splitter import SentenceSplitter, SplitterOptions
+from assistant.modes.offline import stay_offline
+from assistant.stages.dialogue import Dialogue
+from assistant.stages.llm import load_llm
+from assistant.stages.splitter import SentenceSplitter, SplitterOptions
 
 QUESTIONS = [
     "Tell me about the history of Rome.",
@@ -89,7 +89,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="store name or folder")
     parser.add_argument("--backend", default="onnxruntime")

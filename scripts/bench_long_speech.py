@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Long speech before/after (issue #8, defect 3): what ASR keeps of 2 minutes, what a short question costs.
 
-Runs the ASR stage of a git revision (``--before``, default ``main``: its ``assistant/asr.py``
+Runs the ASR stage of a git revision (``--before``, default ``main``: its ``assistant/stages/asr.py``
 loaded from git) and of this working tree side by side, in one process, on the same model:
 
 - long: 24 numbered sentences ("Sentence number one. The weather is ...", ~2 minutes of
@@ -39,9 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from assistant.asr import AsrOptions, Transcriber  # noqa: E402
 from assistant.config import ModelSettings  # noqa: E402
-from models.store import ModelStore  # noqa: E402
+from assistant.stages.asr import AsrOptions, Transcriber  # noqa: E402
+from store.bundled import ModelStore  # noqa: E402
 from tests.speech import COUNT, missing_numbers, numbered_sentences, speak  # noqa: E402
 
 QUESTIONS = [
@@ -63,9 +63,9 @@ LONG_VOICES = [("en-us", 160), ("en-gb+f3", 175), ("en-us+m3", 145)]
 
 
 def load_before(rev: str) -> type:
-    """``Transcriber`` of ``assistant/asr.py`` at git revision ``rev``."""
+    """``Transcriber`` of ``assistant/stages/asr.py`` at git revision ``rev``."""
     source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:assistant/asr.py"],
+        ["git", "-C", str(ROOT), "show", f"{rev}:assistant/stages/asr.py"],
         capture_output=True,
         text=True,
         check=True,
@@ -94,9 +94,9 @@ class Live:
 
 def held_live(audio: np.ndarray, threads: int) -> Live:
     """Long speech as live turns: cut for length, held, answered once (this tree's pipeline)."""
+    from assistant.app import build_session
     from assistant.config import load_settings
     from assistant.events import Event, SpeechEnded, TranscriptReady
-    from assistant.session import build_session
 
     events: list[Event] = []
     overrides = {"decoder.backend": "pytorch", "decoder.threads": threads, "asr.cpu_threads": threads}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Many voice sessions on one served decoder: in-flight batching vs sequential batch-1, one run.
 
-Starts ``assistant serve``'s Triton (:class:`assistant.serve.TritonProcess`) twice on the same
+Starts ``assistant serve``'s Triton (:class:`assistant.modes.serve.TritonProcess`) twice on the same
 model: once with ``--sequences`` rows (in-flight batching), once with 1 row (requests decoded
 one at a time: what one decoder per box gives). For each load of N concurrent simulated voice
 sessions, every session runs ``--turns`` turns: a prompt of the conversation so far plus
@@ -41,10 +41,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from assistant.serve import ServeSettings, TritonProcess  # noqa: E402
+from assistant.modes.serve import ServeSettings, TritonProcess  # noqa: E402
 from engines.base import GenerationOptions  # noqa: E402
-from engines.remote import _Stream  # noqa: E402
-from engines.serving import ServeOptions  # noqa: E402
+from engines.serving.remote import _Stream  # noqa: E402
+from engines.serving.wire import ServeOptions  # noqa: E402
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # meta-llama/Llama-3.2-1B-Instruct's config.json

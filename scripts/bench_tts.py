@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from assistant.config import ModelSettings  # noqa: E402
-from assistant.offline import stay_offline  # noqa: E402
-from assistant.tts import Synthesizer, TtsOptions  # noqa: E402
-from models.store import ModelStore  # noqa: E402
+from assistant.modes.offline import stay_offline  # noqa: E402
+from assistant.stages.tts import Synthesizer, TtsOptions  # noqa: E402
+from store.bundled import ModelStore  # noqa: E402
 
 TEXTS = [  # as the splitter hands them over (first chunks, sentences, a two-sentence piece)
     "The capital of France is Paris.",
@@ -116,7 +116,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     stay_offline()  # as the app: ONNX Runtime's telemetry off before it is imported
-    from assistant.tts_piper import PiperSynthesizer
+    from assistant.stages.tts_piper import PiperSynthesizer
 
     store = ModelStore(args.store or ModelSettings().store_dir)
     engines: dict[str, object] = {"pyttsx3 (espeak-ng)": Synthesizer(TtsOptions(voice="en-us"))}

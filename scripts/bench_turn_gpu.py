@@ -3,7 +3,7 @@
 
 What it times, each a median and P95 of ``--runs`` after warm-up:
 
-- Smart Turn v3.2 (``assistant.smart_turn``) on this machine's CPU with 1, 2 and 4 threads:
+- Smart Turn v3.2 (``assistant.stages.smart_turn``) on this machine's CPU with 1, 2 and 4 threads:
   features + inference of one score (the model ships as CPU int8 ONNX only).
 - Whisper tiny.en's shape (transformers, seeded random weights from the published config,
   fp16 on CUDA when present): the encoder over a 30 s window plus 12 greedy decoder steps,
@@ -64,7 +64,7 @@ def timed(fn: Callable[[], object], runs: int, warmup: int, sync: Callable[[], N
 
 
 def smart_turn(path: Path, runs: int) -> dict[str, dict[str, float]]:
-    from assistant.smart_turn import SmartTurn
+    from assistant.stages.smart_turn import SmartTurn
 
     audio = np.random.default_rng(0).standard_normal(16000 * 3).astype(np.float32) * 0.1
     out = {}
@@ -103,9 +103,9 @@ def whisper(runs: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> int:
-    from assistant.offline import stay_offline
+    from assistant.modes.offline import stay_offline
 
-    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turn-model", type=Path, required=True, help="smart-turn-v3.2-cpu.onnx")
     parser.add_argument("--runs", type=int, default=30)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from assistant.app import build_session
 from assistant.config import load_settings
-from assistant.latency import TurnRecord
-from assistant.offline import stay_offline
-from assistant.session import build_session
+from assistant.modes.offline import stay_offline
+from assistant.observe.latency import TurnRecord
 from assistant.tui.app import UI_SWITCH_INTERVAL_S, AssistantApp
 
 QUESTIONS = ["What is the capital of France?", "Say hello.", "Name a colour.", "Count to three."]
@@ -99,7 +99,7 @@ def summary(records: list[TurnRecord]) -> dict[str, float]:
 
 
 def main() -> int:
-    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/offline.py)
+    stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="store name or folder")
     parser.add_argument("--random-weights", type=Path, metavar="DIR", help="config + tokenizer folder")

@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.speech
 
-from assistant.latency import STAGES  # noqa: E402
+from assistant.observe.latency import STAGES  # noqa: E402
 from tests.speech import read_wav, silence, trim, write_wav  # noqa: E402
 
 CONFIGS = {  # name -> 'assistant run' flags

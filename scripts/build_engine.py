@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from assistant.config import load_settings  # noqa: E402
-from assistant.llm import engine_cache_dir, resolve_llm_dir  # noqa: E402
+from assistant.stages.llm import engine_cache_dir, resolve_llm_dir  # noqa: E402
 from engines.tensorrt.cache import read_record  # noqa: E402
 
 

@@ -27,9 +27,9 @@ def one_start(model: str, store: Path, threads: int) -> dict[str, object]:
     from transformers import AutoTokenizer  # noqa: F401
 
     import engines.torch_backend  # noqa: F401
-    import models.gguf  # noqa: F401
+    import store.gguf  # noqa: F401
     from assistant.config import DecoderSettings, ModelSettings
-    from assistant.llm import load_llm, resolve_llm_dir
+    from assistant.stages.llm import load_llm, resolve_llm_dir
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)

@@ -41,11 +41,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for assistant.gpu and tests.speech
+sys.path.insert(0, str(ROOT))  # for assistant.observe.gpu and tests.speech
 
 import soak_report as report_  # noqa: E402  (sibling module)
 
-from assistant.gpu import GpuMonitor  # noqa: E402
+from assistant.observe.gpu import GpuMonitor  # noqa: E402
 from tests.speech import speak  # noqa: E402
 
 TYPED = [

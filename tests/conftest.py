@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
-from assistant.dialogue import Dialogue
-from assistant.llm import load_tokenizer
+from assistant.stages.dialogue import Dialogue
+from assistant.stages.llm import load_tokenizer
 from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
-from models.store import DEFAULT_LLM, ModelStore
+from store.bundled import DEFAULT_LLM, ModelStore
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def tokenizer(model_dir: Path):
 
 
 def make_decoder(model_dir: Path, tokenizer, capacity_tokens: int = 2048) -> DecoderDriver:
-    """A CPU fp32 decoder over the real model (as ``assistant.llm.load_llm`` builds it)."""
+    """A CPU fp32 decoder over the real model (as ``assistant.stages.llm.load_llm`` builds it)."""
     options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=capacity_tokens, threads=2)
     return load_torch_decoder(model_dir, tokenizer, options)
 

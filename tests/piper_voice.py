@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from assistant.config import ModelSettings
-from models.store import DEFAULT_PIPER_VOICE, ModelStore
+from store.bundled import DEFAULT_PIPER_VOICE, ModelStore
 
 
 def piper_voice_folder(tmp_root: Path) -> Path:

@@ -9,14 +9,14 @@ import wave
 import numpy as np
 import pytest
 
-from assistant.asr import (
+from assistant.stages.asr import (
     AsrModelNotFound,
     AsrOptions,
     AudioFileError,
     Transcriber,
     load_wav,
 )
-from models.store import ModelStore
+from store.bundled import ModelStore
 from tests.speech import SAMPLE_RATE_HZ, speak
 
 pytestmark = pytest.mark.slow

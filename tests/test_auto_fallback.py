@@ -16,9 +16,9 @@ import threading
 
 import pytest
 
-from assistant.engine_cli import _list
-from assistant.llm import load_llm
-from assistant.session import build_session
+from assistant.app import build_session
+from assistant.modes.engine import _list
+from assistant.stages.llm import load_llm
 from engines.tensorrt import backend, cache
 from engines.tensorrt.flavour import TensorRTUnavailable
 from engines.tensorrt.runtime import EngineIncompatible
@@ -50,7 +50,7 @@ def test_auto_without_tensorrt_picks_the_next_backend_and_says_why(monkeypatch, 
     """No TensorRT installed: the choice itself skips it (no notice: nothing failed), and says so."""
     install(monkeypatch, tensorrt=False)
     notices = []
-    with caplog.at_level(logging.INFO, logger="assistant.llm"):
+    with caplog.at_level(logging.INFO, logger="assistant.stages.llm"):
         driver = load(tmp_path, model, notices)
     assert driver.name.startswith("pytorch-cpu") and driver.fallback == "" and notices == []
     assert "backend auto: pytorch (no TensorRT installed and PyTorch has no CUDA" in caplog.text

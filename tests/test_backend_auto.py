@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from assistant.config import DecoderSettings
-from assistant.llm import onnx_dtype, resolve_auto_backend
+from assistant.stages.llm import onnx_dtype, resolve_auto_backend
 from engines import selection
 from engines.selection import Probe, choose_backend, probe
 from engines.tensorrt.cuda_mem import GpuInfo

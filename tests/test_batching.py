@@ -1,4 +1,4 @@
-"""In-flight batching (engines/batching.py): per-row positions, and many sessions on one model.
+"""In-flight batching (engines/serving/batching.py): per-row positions, and many sessions on one model.
 
 Replies of concurrent sessions must be the tokens each gets alone (the batch-1 driver, greedy),
 on the real SmolLM2; sequences join and leave between steps; sessions keep their prefix.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engines.base import GenerationOptions, StopReason
-from engines.batching import BatchedTorchStep, BatchScheduler, RequestError
+from engines.serving.batching import BatchedTorchStep, BatchScheduler, RequestError
 from models.config import DecoderConfig
 from models.decoder import Decoder, KVCache
 from models.weights import load_decoder

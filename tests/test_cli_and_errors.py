@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from assistant.config import ModelSettings
-from assistant.llm import resolve_llm_dir
-from models import store as store_mod
-from models.store import BUNDLED, FetchError, ModelStore
+from assistant.stages.llm import resolve_llm_dir
 from models.weights import CorruptModel, ModelNotFound, load_decoder
+from store import bundled as store_mod
+from store.bundled import BUNDLED, FetchError, ModelStore
 
 
 def run_cli(*args, stdin="", env=None, timeout=300):

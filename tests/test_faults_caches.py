@@ -24,16 +24,16 @@ import pytest
 import torch
 
 from assistant.config import ModelSettings
-from assistant.dialogue import Dialogue
-from assistant.llm import load_tokenizer
+from assistant.stages.dialogue import Dialogue
+from assistant.stages.llm import load_tokenizer
 from engines.cache_lock import OWNER_FILE
 from engines.driver import DecoderDriver
 from engines.onnx_export import SIDECAR, ExportOptions, check_export, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import build_engine
 from models.config import DecoderConfig, InvalidConfig
-from models.store import DEFAULT_LLM, DEFAULT_TURN, MANIFEST, ModelStore, check_files, record_files
 from models.weights import CorruptModel
+from store.bundled import DEFAULT_LLM, DEFAULT_TURN, MANIFEST, ModelStore, check_files, record_files
 from tests.speech import speak
 from tests.test_architectures import qwen2
 from tests.test_tensorrt_build import TINY
@@ -125,7 +125,7 @@ def test_weights_overwritten_with_nan_give_a_clear_error_not_empty_replies(model
 @pytest.mark.slow
 def test_nan_weights_in_a_store_fetched_before_records_are_still_refused(model_dir, tmp_path):
     from assistant.config import DecoderSettings
-    from assistant.llm import load_llm
+    from assistant.stages.llm import load_llm
 
     folder = store_copy(tmp_path, model_dir, record=None)  # no file record to compare with
     overwrite_with_nan(folder / "model.safetensors", model_dir / "model.safetensors")

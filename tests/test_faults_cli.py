@@ -95,8 +95,8 @@ import json, resource, signal, sys
 from pathlib import Path
 import numpy as np
 from assistant.events import TokenGenerated
-from assistant.latency import EventLog
-from assistant.voice import write_wav
+from assistant.observe.latency import EventLog
+from assistant.modes.run import write_wav
 
 folder = Path(sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from assistant.audio import AudioOptions, Speaker
-from assistant.devices import DeviceLostError, DeviceWatch
 from assistant.events import AudioDeviceLost
+from assistant.stages.audio import AudioOptions, Speaker
+from assistant.stages.devices import DeviceLostError, DeviceWatch
 from assistant.tui.app import AssistantApp
 from assistant.tui.widgets import Conversation
 from tests.speech import numbered_sentences, speak
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "scripts" / "virtual-audio.sh")
 LOST_S = 5.0  # deadline for the lost notice (it comes within ~0.1 s of the kill; see the log)
 BACK_S = 15.0  # deadline for the restored notice: the reopen backoff reaches 5 s
-GRACE_S = 3.0  # assistant.audio.STARTUP_GRACE_NS: stalls count once a stream has run this long
+GRACE_S = 3.0  # assistant.stages.audio.STARTUP_GRACE_NS: stalls count once a stream has run this long
 STALL_S = 10.0  # deadline for a stall's notice: a stream counts as stalled 3 s after it ran + 1 s
 
 

@@ -116,9 +116,9 @@ def test_a_typed_chat_turn_opens_no_network_connection(tmp_path):
 
 
 def test_only_a_download_the_user_named_leaves_the_hub_reachable(tmp_path, monkeypatch):
-    from assistant.asr import AsrOptions
     from assistant.config import ModelSettings, Settings
-    from assistant.offline import TELEMETRY_OFF, hub_requested, stay_offline
+    from assistant.modes.offline import TELEMETRY_OFF, hub_requested, stay_offline
+    from assistant.stages.asr import AsrOptions
 
     for key in [*TELEMETRY_OFF, "HF_HUB_OFFLINE"]:
         monkeypatch.setenv(key, "restored after the test")

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pytest
 
 from assistant.config import DecoderSettings, ModelSettings
-from assistant.llm import resolve_llm_dir
-from models import store as store_mod
-from models.store import MANIFEST, FetchError, ModelStore
+from assistant.stages.llm import resolve_llm_dir
 from models.weights import ModelNotFound
+from store import bundled as store_mod
+from store.bundled import MANIFEST, FetchError, ModelStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "evil_pkg/model/"
@@ -161,7 +161,7 @@ def test_torch_compile_keeps_its_pickles_in_the_store_not_in_the_model_folder(
     tmp_path, monkeypatch, model_dir
 ):
     """--compile (CUDA graphs faked: no GPU here) puts Inductor's cache under the store, per model."""
-    from assistant.llm import load_llm
+    from assistant.stages.llm import load_llm
     from engines import torch_backend
 
     class NoGraphs:  # stands in for the CUDA-graph step: nothing is compiled here
@@ -185,7 +185,7 @@ def test_torch_compile_keeps_its_pickles_in_the_store_not_in_the_model_folder(
     assert cache.is_relative_to(store_dir.resolve() / "torch-compile") and cache.is_dir()
     assert not (model_dir / "torch-compile").exists()
 
-    from assistant.llm import compile_cache_dir
+    from assistant.stages.llm import compile_cache_dir
 
     twin = tmp_path / "twin"
     twin.mkdir()

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from assistant.asr import WINDOW_S, quiet_clips
 from assistant.events import AudioStarted, Event, SpeechEnded, TurnHeld
-from assistant.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
+from assistant.stages.asr import WINDOW_S, quiet_clips
+from assistant.stages.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
 from tests.speech import COUNT, lost_sentences, numbered_sentences, silence, speak, trim
 from tests.test_turn_taking import converse, live_session  # noqa: F401 (a fixture)
 
@@ -138,8 +138,8 @@ def test_a_cut_in_the_final_silence_does_not_delay_the_end_or_invent_speech(tmp_
 @pytest.fixture(scope="module")
 def headless(store):
     """ASR, Smart Turn and the LLM (PyTorch CPU), no audio devices; events collected."""
+    from assistant.app import build_session
     from assistant.config import load_settings
-    from assistant.session import build_session
 
     events: list[Event] = []
     overrides = {"decoder.backend": "pytorch", "decoder.threads": 2, "asr.cpu_threads": 2}

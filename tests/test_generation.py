@@ -96,7 +96,7 @@ def test_prefix_reuse_gives_the_same_tokens_as_full_prefill_with_fewer_prefilled
 
 
 def test_context_overflow_drops_oldest_turns_never_the_system_prompt(model_dir, tokenizer):
-    from assistant.dialogue import Turn
+    from assistant.stages.dialogue import Turn
     from tests.conftest import make_decoder
 
     small = make_decoder(model_dir, tokenizer, capacity_tokens=256)

@@ -1,7 +1,7 @@
 """Any GGUF file as the chat model: ``--model FILE.gguf`` (or a folder holding one).
 
 Tiny random GGUFs of the real layout (:mod:`tests.gguf_files`) go through the app's own path
-(``assistant.llm``): converted once into a store in ``tmp_path``, then decoded greedily by our
+(``assistant.stages.llm``): converted once into a store in ``tmp_path``, then decoded greedily by our
 decoder and compared with transformers' own load of the same file.
 """
 
@@ -18,11 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from assistant.config import DecoderSettings, ModelSettings
-from assistant.llm import load_llm, resolve_llm_dir
+from assistant.stages.llm import load_llm, resolve_llm_dir
 from engines.progress import EngineProgress
 from models.config import SUPPORTED_MODEL_TYPES, UnsupportedModel
-from models.store import FetchError, sha256_file
 from models.weights import CorruptModel, ModelNotFound
+from store.bundled import FetchError, sha256_file
 from tests.gguf_files import write_tiny_gguf
 
 PROMPT = "<|im_start|>user\nthe cat in the hat<|im_end|>\n<|im_start|>assistant\n"
@@ -168,7 +168,7 @@ def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):
 
 def test_a_quantisation_that_cannot_be_dequantized_is_named_with_what_works(tmp_path):
     gguf = write_tiny_gguf(tmp_path / "q81.gguf", quant="Q8_1")
-    with pytest.raises(UnsupportedModel) as e:  # models.gguf.UnsupportedQuantization
+    with pytest.raises(UnsupportedModel) as e:  # store.gguf.UnsupportedQuantization
         resolve(tmp_path / "store", gguf)
     assert "stores tensors as Q8_1, which cannot be de-quantized" in str(e.value)
     assert "Q4_K" in str(e.value) and "Q8_0" in str(e.value)
@@ -205,7 +205,7 @@ def test_no_space_in_the_store_is_named_before_converting(tmp_path, small_disk):
 
 def test_a_disk_that_fills_up_while_writing_is_named_and_nothing_is_left(tmp_path, small_disk, monkeypatch):
     """The check before converting is loosened (its headroom), so that the write itself fills the disk."""
-    monkeypatch.setattr("models.gguf_import.HEADROOM_BYTES", -(1 << 20))
+    monkeypatch.setattr("store.gguf_import.HEADROOM_BYTES", -(1 << 20))
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     with pytest.raises(FetchError, match=r"no space left in .* free some space, or .*--store DIR"):
         resolve(small_disk / "store", gguf)
@@ -244,7 +244,7 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path):
 
 
 def test_a_killed_conversion_leaves_a_hidden_folder_that_the_next_one_removes(tmp_path):
-    from models.gguf_import import OWNER, store_name
+    from store.gguf_import import OWNER, store_name
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     store = tmp_path / "store"
@@ -259,7 +259,7 @@ def test_a_killed_conversion_leaves_a_hidden_folder_that_the_next_one_removes(tm
 
 
 def test_the_load_bar_of_the_ui_moves_through_the_conversion(tmp_path):
-    from assistant.session import ENGINE_SPAN, EngineSteps
+    from assistant.app import ENGINE_SPAN, EngineSteps
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     seen: list[tuple[str, float]] = []

@@ -16,10 +16,10 @@ from torch._dynamo.utils import counters
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engines.base import GenerationOptions
-from engines.batching import BatchedTorchStep, BatchScheduler
-from engines.batching_graph import BatchedGraphStep, load_batched_step
 from engines.cuda_graph import PRECISION, CudaGraphStep, GraphOptions
 from engines.driver import DecoderDriver
+from engines.serving.batching import BatchedTorchStep, BatchScheduler
+from engines.serving.batching_graph import BatchedGraphStep, load_batched_step
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.config import DecoderConfig
 from models.weights import load_decoder
@@ -160,7 +160,7 @@ def test_compiled_cuda_graph_greedy_tokens_are_identical_to_eager_fp32(small_dir
         assert greedy(compiled, prompt) == greedy(eager, prompt), f"{n}-token prompt"
 
 
-# Batched decoding (engines/batching_graph.py): one CUDA-graph replay per step of up to 8 rows,
+# Batched decoding (engines/serving/batching_graph.py): one CUDA-graph replay per step of up to 8 rows,
 # each row at its own position; rows of the bucket that are not decoding run as fillers.
 
 BATCH_PROMPT_TOKENS = (5, 130, 40, 300, 17, 64, 1, 250)  # one prompt per row

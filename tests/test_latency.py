@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from assistant.latency import STAGES, TurnRecord, export_report, percentiles
+from assistant.observe.latency import STAGES, TurnRecord, export_report, percentiles
 
 
 def records(v2v_ms: list[float]) -> list[TurnRecord]:

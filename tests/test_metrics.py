@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from assistant.latency import STAGES
-from assistant.metrics import HISTOGRAMS, Metrics, MetricsOptions, MetricsPortError
+from assistant.observe.latency import STAGES
+from assistant.observe.metrics import HISTOGRAMS, Metrics, MetricsOptions, MetricsPortError
 from tests.speech import speak
 
 TYPED = ("What is the capital of France?", "Name a color.")
@@ -137,7 +137,7 @@ def test_a_port_in_use_is_a_clear_error_before_any_model_loads(tmp_path):
 def test_a_host_other_than_loopback_is_served_with_a_warning(caplog):
     port = free_port()
     metrics = Metrics()
-    with caplog.at_level(logging.WARNING, logger="assistant.metrics"):
+    with caplog.at_level(logging.WARNING, logger="assistant.observe.metrics"):
         server = metrics.serve(MetricsOptions(port=port, host="0.0.0.0"))
     try:
         assert "reachable from the network" in caplog.text

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from assistant.config import DecoderSettings, ModelSettings
-from assistant.llm import load_llm
+from assistant.stages.llm import load_llm
 from engines import onnx_export
 from engines.base import StopReason
 from engines.onnx_export import (
@@ -35,7 +35,7 @@ from engines.onnx_export import (
 )
 from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
-from models.store import DEFAULT_LLM
+from store.bundled import DEFAULT_LLM
 from tests.conftest import make_dialogue, run_reply
 from tests.test_architectures import llama3_scaled, qwen2
 from tests.test_cli_and_errors import run_cli

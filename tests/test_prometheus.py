@@ -27,8 +27,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from assistant.gpu import GpuSample
-from assistant.metrics import Metrics
+from assistant.observe.gpu import GpuSample
+from assistant.observe.metrics import Metrics
 from tests.test_metrics import free_port, wait_records
 
 ROOT = Path(__file__).resolve().parents[1]

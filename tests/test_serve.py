@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from assistant.serve import ServeSettings, TritonProcess, serve_options
+from assistant.modes.serve import ServeSettings, TritonProcess, serve_options
 from engines.base import GenerationOptions
-from engines.remote import RemoteDecoder
-from engines.serving import MODEL_NAME, PROMPT_IDS, SESSION, utf8
+from engines.serving.remote import RemoteDecoder
+from engines.serving.wire import MODEL_NAME, PROMPT_IDS, SESSION, utf8
 from tests.test_batching import QUESTIONS
 
 pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
@@ -178,10 +178,10 @@ def test_empty_and_over_context_requests_get_their_reason(server, model_dir, tok
 
 def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn_works(model_dir) -> None:
     """Through the app's own session (load_llm with --llm-server, warm-up, the pipeline)."""
+    from assistant.app import build_session
     from assistant.config import DecoderSettings, GenerationSettings, Settings
     from assistant.events import TokenGenerated
-    from assistant.session import build_session
-    from assistant.stages import LLM_SERVER_LOST
+    from assistant.turns.protocols import LLM_SERVER_LOST
 
     port = free_port()
     server = start(model_dir, port, sequences=2)

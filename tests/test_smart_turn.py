@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import models.store as store_mod
-from assistant.smart_turn import SAMPLE_RATE_HZ, SmartTurn, TurnModelError, whisper_features
-from models.store import BUNDLED, DEFAULT_TURN, FetchError, ModelStore
+import store.bundled as store_mod
+from assistant.stages.smart_turn import SAMPLE_RATE_HZ, SmartTurn, TurnModelError, whisper_features
+from store.bundled import BUNDLED, DEFAULT_TURN, FetchError, ModelStore
 from tests.speech import silence, speak
 
 SPEC = BUNDLED[DEFAULT_TURN]

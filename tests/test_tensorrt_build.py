@@ -18,8 +18,8 @@ import onnx
 import pytest
 import torch
 
-from assistant.metrics import Metrics
-from assistant.session import EngineSteps
+from assistant.app import EngineSteps
+from assistant.observe.metrics import Metrics
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import OnnxParseError, build_engine

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from assistant.config import load_settings
-from assistant.latency import TurnRecord
+from assistant.observe.latency import TurnRecord
 from engines.selection import Choice, Probe, choose_backend
 from engines.tensorrt.cuda_mem import GpuInfo
 from engines.tensorrt.options import EngineOptions

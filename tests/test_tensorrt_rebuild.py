@@ -13,7 +13,7 @@ import hashlib
 
 import pytest
 
-from assistant.metrics import Metrics
+from assistant.observe.metrics import Metrics
 from engines.tensorrt import cache
 from engines.tensorrt.backend import load_tensorrt_decoder
 from engines.tensorrt.runtime import EngineIncompatible

@@ -16,10 +16,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from assistant import session as session_module
+from assistant import app as session_module
+from assistant.app import Session
 from assistant.config import Settings
-from assistant.dialogue import Dialogue
-from assistant.session import Session
+from assistant.stages.dialogue import Dialogue
 from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
 from engines.onnx_export import INPUT_IDS, POSITION_IDS, ExportOptions, export_decoder

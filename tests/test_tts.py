@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from assistant.splitter import SentenceSplitter, SplitterOptions
-from assistant.tts import Synthesizer, TtsError, TtsOptions, TtsUnavailable
+from assistant.stages.splitter import SentenceSplitter, SplitterOptions
+from assistant.stages.tts import Synthesizer, TtsError, TtsOptions, TtsUnavailable
 
 RATE_HZ = 16000
 PARIS = "The capital of France is Paris."

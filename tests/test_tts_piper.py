@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from assistant.asr import AsrOptions, Transcriber
-from assistant.audio import FileSink
 from assistant.config import DecoderSettings, GenerationSettings, ModelSettings, Settings
 from assistant.events import AudioReady
-from assistant.latency import export_report
-from assistant.tts import Synthesizer, TtsOptions
-from assistant.tts_piper import FIX, PiperSynthesizer, open_synthesizer
-from models.store import DEFAULT_PIPER_VOICE, SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS, ModelStore
+from assistant.observe.latency import export_report
+from assistant.stages.asr import AsrOptions, Transcriber
+from assistant.stages.audio import FileSink
+from assistant.stages.tts import Synthesizer, TtsOptions
+from assistant.stages.tts_piper import FIX, PiperSynthesizer, open_synthesizer
+from store.bundled import DEFAULT_PIPER_VOICE, SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS, ModelStore
 from tests.piper_voice import onnx_of, piper_voice_folder
 from tests.speech import read_wav, speak
 
@@ -120,7 +120,7 @@ class OrderedSink(FileSink):
 def test_a_spoken_reply_plays_its_first_piece_before_the_rest_is_rendered_and_records_the_voice(
     voice_folder, store, tmp_path
 ):
-    from assistant.session import build_session
+    from assistant.app import build_session
 
     settings = Settings(
         models=ModelSettings(store_dir=store.root),
@@ -192,7 +192,7 @@ def test_a_damaged_stored_voice_falls_back_to_pyttsx3_naming_the_fix(voice_folde
     onnx = onnx_of(copy)
     if damage == "flipped bytes":
         with onnx.open("r+b") as f:
-            # Where the cheap load-time check samples (block 32 of 64: models/store.py); damage
+            # Where the cheap load-time check samples (block 32 of 64: store/bundled.py); damage
             # between its samples is found by `assistant models fetch --check` (full sha256).
             f.seek(32 * (onnx.stat().st_size - SAMPLE_BLOCK_BYTES) // (SAMPLE_BLOCKS - 1))
             block = f.read(4096)
@@ -267,7 +267,7 @@ def test_models_list_and_fetch_treat_the_voice_as_optional(voice_folder, tmp_pat
 
 @pytest.mark.asyncio
 async def test_the_status_bar_shows_the_voice(piper):
-    from assistant.session import SessionInfo
+    from assistant.app import SessionInfo
     from assistant.tui.app import AssistantApp
     from assistant.tui.messages import SessionReady
     from tests.tui_helpers import screen_text

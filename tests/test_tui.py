@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from assistant.app import SessionInfo, build_session
 from assistant.config import load_settings
 from assistant.events import (
     AudioReady,
@@ -29,9 +30,8 @@ from assistant.events import (
     TranscriptReady,
     TurnDecision,
 )
-from assistant.gpu import GpuMonitor, GpuSample
-from assistant.latency import STAGES, TurnRecord, build_record, percentiles
-from assistant.session import SessionInfo, build_session
+from assistant.observe.gpu import GpuMonitor, GpuSample
+from assistant.observe.latency import STAGES, TurnRecord, build_record, percentiles
 from assistant.tui.app import AssistantApp
 from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
 from assistant.tui.messages import PipelineEvent, SessionReady
@@ -366,7 +366,7 @@ async def show_fixed_session(app, pilot) -> None:
         for e in events:
             app.post_message(PipelineEvent(e))
         await pilot.pause()
-        from assistant.latency import TurnRecord
+        from assistant.observe.latency import TurnRecord
 
         record = build_record(turn, events, backend=INFO.backend, llm_model=INFO.llm, asr_model=INFO.asr)
         assert isinstance(record, TurnRecord)

@@ -27,11 +27,11 @@ from assistant.events import (
     SpeechResumed,
     TurnDecision,
 )
-from assistant.latency import build_record
-from assistant.live import LiveLoop
-from assistant.turn import SmartTurnPolicy, TurnOptions, end_of_turn_policy
-from assistant.vad import Endpointer, FixedSilence, VadOptions
-from models.store import BUNDLED, DEFAULT_TURN, ModelStore
+from assistant.observe.latency import build_record
+from assistant.stages.endpoint import SmartTurnPolicy, TurnOptions, end_of_turn_policy
+from assistant.stages.vad import Endpointer, FixedSilence, VadOptions
+from assistant.turns.live import LiveLoop
+from store.bundled import BUNDLED, DEFAULT_TURN, ModelStore
 from tests.speech import paused_question, silence, speak, trim, write_wav
 
 PAUSE_S = 0.7
@@ -133,7 +133,7 @@ def test_turn_options_refuse_bad_values_with_the_fix():
 
 
 def test_partials_auto_is_off_on_two_cpu_cores_and_on_with_a_cuda_asr(monkeypatch):
-    from assistant.turn import with_partials_resolved
+    from assistant.stages.endpoint import with_partials_resolved
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     assert with_partials_resolved(TurnOptions(), "cpu").partials == "off"
@@ -194,7 +194,7 @@ def live_session(pulse, store):
     saved = {k: os.environ.get(k) for k in pulse}
     os.environ.update(pulse)
     rescan_audio_devices()
-    from assistant.session import build_session
+    from assistant.app import build_session
 
     events: list[Event] = []
     s = load_settings(

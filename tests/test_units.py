@@ -116,7 +116,7 @@ SPLIT_CASES = [
 def test_sentence_splitter_whole_and_streamed_agree(text, expected):
     import random
 
-    from assistant.splitter import SentenceSplitter
+    from assistant.stages.splitter import SentenceSplitter
 
     whole = SentenceSplitter()
     assert whole.push(text) + whole.flush() == expected
@@ -129,7 +129,7 @@ def test_sentence_splitter_whole_and_streamed_agree(text, expected):
 
 
 def test_sentence_splitter_releases_a_sentence_as_soon_as_the_next_one_starts():
-    from assistant.splitter import SentenceSplitter
+    from assistant.stages.splitter import SentenceSplitter
 
     s = SentenceSplitter()
     assert s.push("Paris is the capital.") == []  # could still be "capital.ist"; wait for more
@@ -137,7 +137,7 @@ def test_sentence_splitter_releases_a_sentence_as_soon_as_the_next_one_starts():
 
 
 def test_sentence_splitter_cuts_a_run_on_sentence_for_early_speech():
-    from assistant.splitter import SentenceSplitter, SplitterOptions
+    from assistant.stages.splitter import SentenceSplitter, SplitterOptions
 
     s = SentenceSplitter(SplitterOptions(max_chars=40))
     parts = s.push("one two three four five six seven eight nine ten eleven twelve thirteen") + s.flush()

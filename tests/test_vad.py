@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from assistant.events import SpeechEnded, SpeechOnset, SpeechPaused, SpeechStarted, TurnDecision
-from assistant.vad import CHUNK_NS, SAMPLE_RATE_HZ, Endpointer, VadOptions
+from assistant.stages.vad import CHUNK_NS, SAMPLE_RATE_HZ, Endpointer, VadOptions
 from tests.speech import silence, speak
 
 NS_PER_SAMPLE = 1e9 / SAMPLE_RATE_HZ

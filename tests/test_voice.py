@@ -248,7 +248,7 @@ def test_sigint_during_playback_exits_cleanly(pulse, question_wav, tmp_path):
 def test_synthesizer_speaks_intelligibly_from_several_threads_and_joins_on_close(whisper):
     import threading
 
-    from assistant.tts import Synthesizer, TtsOptions
+    from assistant.stages.tts import Synthesizer, TtsOptions
 
     synth = Synthesizer(TtsOptions())
     results = {}

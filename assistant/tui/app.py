@@ -25,19 +25,19 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, ProgressBar, RichLog, Static
 
-from assistant.audio import AudioSink, FileSink
+from assistant.app import LoadCancelled, Progress, Session
 from assistant.config import Settings
-from assistant.devices import device_notice
 from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDone
-from assistant.gpu import GpuMonitor
-from assistant.latency import TurnRecord, build_record, export_report
-from assistant.live import LiveLoop
-from assistant.session import LoadCancelled, Progress, Session
-from assistant.stages import PipelineOptions
+from assistant.observe.gpu import GpuMonitor
+from assistant.observe.latency import TurnRecord, build_record, export_report
+from assistant.stages.audio import AudioSink, FileSink
+from assistant.stages.devices import device_notice
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.fold import TurnFold
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady
 from assistant.tui.widgets import Conversation, KeyFooter, SessionStats, StatusBar
+from assistant.turns.live import LiveLoop
+from assistant.turns.protocols import PipelineOptions
 
 logger = logging.getLogger(__name__)
 
@@ -235,8 +235,8 @@ class AssistantApp(App[int]):
         return "muted" if self.muted else "listening" if self.listening else "paused"
 
     def _replay(self, path: Path) -> None:
-        from assistant.asr import load_wav
-        from assistant.voice import find_utterance
+        from assistant.stages.asr import load_wav
+        from assistant.stages.vad import find_utterance
 
         assert self.loop is not None
         assert self.session is not None

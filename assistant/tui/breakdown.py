@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widgets import Static
 
-from assistant.latency import TurnRecord
+from assistant.observe.latency import TurnRecord
 
 # The bar's pieces, in time order, between consecutive stamps of the turn: together they
 # span speech end -> first audio, i.e. voice-to-voice. (start, stop, style, label format)
@@ -26,7 +26,7 @@ SEGMENTS = (
     ("first_sentence", "first_audio", "on green4", "{:.0f}"),
 )
 WAITING = ("on grey23", "...")  # the stage under way, while a turn runs
-# The legend: the turn's metrics exactly as its JSON line has them (assistant.latency).
+# The legend: the turn's metrics exactly as its JSON line has them (assistant.observe.latency).
 # (label, short label, metric, style of its swatch)
 LEGEND = (
     ("endpointing", "endpoint", "endpointing_ms", "on dark_cyan"),

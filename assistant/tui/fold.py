@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from assistant.devices import device_notice
 from assistant.events import (
     AudioDeviceLost,
     AudioDeviceRestored,
@@ -24,8 +23,9 @@ from assistant.events import (
     TurnCancelled,
     TurnHeld,
 )
-from assistant.stages import LLM_SERVER_LOST
+from assistant.stages.devices import device_notice
 from assistant.tui.widgets import Conversation, StatusBar
+from assistant.turns.protocols import LLM_SERVER_LOST
 
 
 class TurnFold:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.message import Message
 
+from assistant.app import Session, SessionInfo
 from assistant.events import Event
-from assistant.session import Session, SessionInfo
 
 
 class PipelineEvent(Message):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from textual.app import App
 
+from assistant.app import Progress, Session, build_session
 from assistant.config import Settings
 from assistant.events import Event, MicLevel
-from assistant.latency import EventLog
-from assistant.metrics import Metrics, serving
-from assistant.session import Progress, Session, build_session
+from assistant.observe.latency import EventLog
+from assistant.observe.metrics import Metrics, serving
 from assistant.tui.app import UI_SWITCH_INTERVAL_S, AssistantApp
 from assistant.tui.messages import LogLine
 from assistant.tui.stderr import StderrToLog
@@ -84,7 +84,8 @@ def _run(
             engine_events=metrics.engine_event if metrics else None,
         )
         if metrics is not None:
-            metrics.attach(session, settings.models.llm)
+            asr_model = session.transcriber.description if session.transcriber else ""
+            metrics.attach(session.dialogue.decoder, settings.models.llm, asr_model)
         return session
 
     app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)

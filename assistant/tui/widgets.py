@@ -11,9 +11,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from assistant.gpu import GpuSample
-from assistant.latency import P999_MIN_SAMPLES, STAGES, TurnRecord, percentiles
-from assistant.session import SessionInfo
+from assistant.app import SessionInfo
+from assistant.observe.gpu import GpuSample
+from assistant.observe.latency import P999_MIN_SAMPLES, STAGES, TurnRecord, percentiles
 
 STAGE_LABELS = {  # (label, short label when the long ones do not fit the pane)
     "endpointing_ms": ("endpointing", "endpoint"),

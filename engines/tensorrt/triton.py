@@ -7,7 +7,7 @@ batch 1 (``max_batch_size: 1``): Triton's ``dynamic_batching`` then queues reque
 ``max_queue_delay_microseconds``) but cannot merge them, and the KV cache travels with every
 request, so this serves one conversation per request. Batched serving needs batch > 1
 profiles and a stateful (sequence) batcher, which this contract does not have; ``assistant
-serve`` (:mod:`engines.triton_model`) serves the PyTorch decoder batched in flight instead.
+serve`` (:mod:`engines.serving.triton_model`) serves the PyTorch decoder batched in flight instead.
 """
 
 from __future__ import annotations

@@ -1,0 +1,186 @@
+"""The settings sections each stage receives: one frozen dataclass a stage, ranges beside each field.
+
+The stages (``assistant.stages``), the metrics endpoint and ``assistant serve`` import their
+section from here, so the settings tree (:mod:`assistant.config`) needs none of their code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engines.bounds import bounds
+from store.bundled import DEFAULT_PIPER_VOICE, DEFAULT_TURN
+
+DETECTIONS = ("smart-turn", "off")  # [turn] detection
+ENGINES = ("pyttsx3", "piper")  # [tts] engine
+
+
+@dataclass(frozen=True)
+class AudioOptions:
+    """Devices by name substring or index (``None``: the system default) and block size.
+
+    ``stall_ms``: a stream that delivered audio and then none for this long counts as lost.
+    """
+
+    input_device: str | None = None
+    output_device: str | None = None
+    block_ms: int = field(default=32, metadata=bounds(min=1, max=1000))
+    stall_ms: int = field(default=1000, metadata=bounds(min=200, max=60000))
+
+
+@dataclass(frozen=True)
+class VadOptions:
+    """Endpointing thresholds.
+
+    A turn needs ``min_speech_ms`` of speech; with fixed-silence endpointing it ends after
+    ``end_silence_ms`` of silence (400 ms: shorter cuts people off at commas and breaths,
+    longer adds directly to voice-to-voice latency; see docs); with turn detection
+    (``assistant.stages.endpoint``) a model decides. ``onset_ms`` of speech raises ``SpeechOnset`` (what
+    barge-in reacts to: short, so the reply stops within 200 ms). ``pre_roll_ms`` of audio
+    before the onset is kept so soft first syllables reach ASR. An utterance that reaches
+    ``max_utterance_s`` is cut at the quietest 32 ms chunk of its last ``cut_search_ms``
+    (between words rather than inside one); the rest starts the next turn at once.
+    """
+
+    threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
+    neg_threshold: float = field(default=0.35, metadata=bounds(min=0.0, max=1.0))
+    min_speech_ms: int = field(default=250, metadata=bounds(min=0, max=60_000))
+    onset_ms: int = field(default=96, metadata=bounds(min=0, max=60_000))
+    end_silence_ms: int = field(default=400, metadata=bounds(min=1, max=60_000))
+    pre_roll_ms: int = field(default=300, metadata=bounds(min=0, max=60_000))
+    max_utterance_s: float = field(default=20.0, metadata=bounds(above=0.0, max=3600.0))
+    cut_search_ms: int = field(default=1000, metadata=bounds(min=0, max=60_000))
+
+
+@dataclass(frozen=True)
+class TurnOptions:
+    """How the end of a turn is found, and what runs while it is undecided.
+
+    ``speculate``: after ``speculate_after_ms`` of silence, transcribe and start the reply
+    while the policy decides; nothing plays and nothing enters the history until the turn is
+    confirmed, and speech that comes back discards the work.
+    ``partials``: re-transcribe the utterance in progress every ``partial_interval_ms`` for
+    the live transcript: ``on``, ``off``, or ``auto``: on where ASR has room (a CUDA ASR
+    device, or more than 2 cores). Whisper's encoder always runs on a 30 s window, so on 2
+    CPU cores a partial in flight when the user stops delayed the answer (+350 ms median
+    voice-to-voice, docs/benchmarks.md).
+    """
+
+    detection: str = "smart-turn"
+    model: str = DEFAULT_TURN
+    pause_ms: int = field(default=200, metadata=bounds(min=1, max=60_000))
+    max_silence_ms: int = field(default=1200, metadata=bounds(min=1, max=60_000))
+    threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
+    rescore_ms: int = field(default=300, metadata=bounds(min=1, max=60_000))
+    speculate: bool = True
+    speculate_after_ms: int = field(default=128, metadata=bounds(min=0, max=60_000))
+    partials: str = "auto"
+    partial_interval_ms: int = field(default=700, metadata=bounds(min=0, max=60_000))
+
+    def __post_init__(self) -> None:
+        if self.detection not in DETECTIONS:
+            raise ValueError(f"turn detection {self.detection!r}: use one of {', '.join(DETECTIONS)}")
+        if not 0 < self.pause_ms <= self.max_silence_ms:
+            raise ValueError(
+                f"turn pause_ms {self.pause_ms} must be > 0 and <= max_silence_ms ({self.max_silence_ms})"
+            )
+        if self.partials not in ("auto", "on", "off"):
+            raise ValueError(f"turn partials {self.partials!r}: use auto, on or off")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"turn threshold {self.threshold} must be within 0..1")
+
+
+@dataclass(frozen=True)
+class AsrOptions:
+    """Which Whisper model to run and how.
+
+    ``model`` is a model-store name (``whisper-tiny.en``), a local CTranslate2 folder, or
+    (online only) a faster-whisper size name such as ``base.en``. ``device`` ``auto`` is
+    ``cuda`` when CTranslate2 sees a GPU, else ``cpu``; ``compute_type`` ``auto`` is float16
+    on CUDA and int8 on CPU. ``cpu_threads`` 0 is one thread per usable core, at most 4:
+    CTranslate2's own default is always 4, which oversubscribes a 2-core machine that also
+    runs torch (LLM) and the audio threads. On 2 cores a 2 s utterance took 0.52 s with 1
+    thread, 0.37 s with 2 and 0.45 s with 4 (with torch busy: 0.85, 0.51, 0.51 s).
+    ``beam_size`` 5 (faster-whisper's default): greedy tiny.en heard espeak's "capital of
+    France" as "capital on France"; beam 5 got it right for ~60 ms more on a 2 s utterance.
+    """
+
+    model: str = "whisper-tiny.en"
+    device: str = "auto"
+    compute_type: str = "auto"
+    cpu_threads: int = field(default=0, metadata=bounds(min=0, max=1024))
+    beam_size: int = field(default=5, metadata=bounds(min=1, max=100))
+    language: str | None = "en"
+
+
+@dataclass(frozen=True)
+class SplitterOptions:
+    """Where sentences may be cut besides their ends.
+
+    ``max_chars``: a sentence with no end in sight is cut at a comma or space before this.
+    ``first_clause_chars``: the reply's first sentence is cut at its first ``,``/``;``/``:``
+    at or after this many characters, so a long opening sentence starts playing after one
+    clause instead of after all of it (0: never).
+    ``first_chunk_words``: the reply's first chunk also ends after this many words when no
+    sentence or clause end has come by then, so a run-on opening starts playing sooner
+    (0: never). It moves up to 3 words on rather than end on a number or a word that cannot
+    end a phrase (``NO_END_WORDS``: "going to | the shop"), and is skipped if none can.
+    """
+
+    max_chars: int = field(default=200, metadata=bounds(min=10))
+    first_clause_chars: int = field(default=24, metadata=bounds(min=0))
+    first_chunk_words: int = field(default=5, metadata=bounds(min=0))
+
+
+@dataclass(frozen=True)
+class TtsOptions:
+    """The engine, its voice and the output format.
+
+    ``engine`` is ``pyttsx3`` (espeak-ng, the default) or ``piper`` (the neural voice
+    ``piper_voice``: a store name or a ``.onnx`` file with its ``.onnx.json`` beside it, run
+    on ``threads`` ONNX Runtime threads, 0 = one per core). ``voice`` is pyttsx3's voice id
+    (``gmw/en-us``), the part after the slash (``en-us``) or part of a name (``America``);
+    ``None`` keeps espeak-ng's default. ``rate_wpm`` is espeak-ng's rate; Piper speaks at
+    ``rate_wpm / 175`` times its natural speed. Output is resampled from the engine's
+    22050 Hz to ``sample_rate_hz`` mono float32.
+    """
+
+    voice: str | None = None
+    rate_wpm: int = field(default=175, metadata=bounds(min=80, max=450))  # espeak-ng's range
+    volume: float = field(default=1.0, metadata=bounds(min=0.0, max=1.0))
+    sample_rate_hz: int = field(default=16000, metadata=bounds(min=8000, max=48000))
+    engine: str = "pyttsx3"
+    piper_voice: str = DEFAULT_PIPER_VOICE
+    threads: int = field(default=1, metadata=bounds(min=0, max=64))
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"tts engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """``[metrics]``: the Prometheus endpoint. ``port`` 0 (default) serves none.
+
+    ``host`` is the address it binds: loopback unless you want other machines to scrape it
+    (a booth's Prometheus on another host); anything else gets a warning at start.
+    """
+
+    port: int = field(default=0, metadata=bounds(min=0, max=65535))
+    host: str = "127.0.0.1"
+
+
+@dataclass
+class ServeSettings:
+    """``[serve]``: where Triton listens and how requests are batched.
+
+    ``host`` is loopback unless told (any other address is reachable from the network, with no
+    authentication). ``sequences``: conversations decoded together, each keeping its prefix
+    between turns. ``queue_delay_us`` / ``preferred_batch_sizes``: Triton's dynamic batcher.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = field(default=8001, metadata=bounds(min=1, max=65535))
+    sequences: int = field(default=16, metadata=bounds(min=1, max=256))
+    queue_delay_us: int = field(default=100, metadata=bounds(min=0, max=1_000_000))
+    preferred_batch_sizes: list[int] = field(default_factory=list, metadata=bounds(min=1, max=256))

@@ -1,0 +1,1 @@
+"""The commands: chat, headless run, engine, models and serve."""

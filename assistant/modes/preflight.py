@@ -1,0 +1,65 @@
+"""Checks that need the tokenizer but not the model, run before any model loads.
+
+A context that cannot hold the system prompt, a short question and a full reply would
+have the question cut to nothing and an unrelated answer; it is refused here instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from assistant.config import ConfigError, Settings
+
+MIN_QUESTION_TOKENS = 32  # room a question needs besides the system prompt ("What is ...?": ~10)
+# More than a chat template adds around the messages (SmolLM2: 14 tokens with a system
+# prompt, 30 without: it then inserts its own).
+TEMPLATE_ALLOWANCE_TOKENS = 256
+
+
+def prompt_overhead_tokens(tokenizer: Any, system_prompt: str) -> int:
+    """Tokens of a prompt with an empty question: the chat template and the system prompt.
+
+    Rendered as :class:`assistant.stages.dialogue.Dialogue` renders a first turn.
+    """
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": ""})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def check_context(
+    settings: Settings, load_tokenizer: Callable[[], Any], flags: Mapping[str, str] | None = None
+) -> None:
+    """Refuse a context that cannot hold the system prompt, a short question and a reply.
+
+    The tokenizer is loaded only when the context is not plainly big enough: a token holds
+    at least one byte of text, so the system prompt's length in bytes bounds its tokens.
+
+    Args:
+        settings: The loaded settings (``[decoder] context_tokens``, ``[generation]
+            max_new_tokens``, ``[dialogue] system_prompt``).
+        load_tokenizer: Returns the model's tokenizer (with its chat template).
+        flags: ``{"section.key": "--flag"}`` to name the flags in the message.
+
+    Raises:
+        ConfigError: Saying how many tokens each part takes and the smallest context that fits.
+    """
+    flags = flags or {}
+    context = settings.decoder.context_tokens
+    reply = settings.generation.max_new_tokens
+    prompt_bytes = len(settings.dialogue.system_prompt.encode())
+    if context >= prompt_bytes + TEMPLATE_ALLOWANCE_TOKENS + MIN_QUESTION_TOKENS + reply:
+        return
+    overhead = prompt_overhead_tokens(load_tokenizer(), settings.dialogue.system_prompt)
+    needed = overhead + MIN_QUESTION_TOKENS + reply
+    if context >= needed:
+        return
+    ctx_flag = flags.get("decoder.context_tokens", "--context-tokens")
+    new_flag = flags.get("generation.max_new_tokens", "--max-new-tokens")
+    raise ConfigError(
+        f"[decoder] context_tokens ({ctx_flag}) = {context} is too small: the chat template and "
+        f"system prompt take {overhead} tokens, a question needs room for {MIN_QUESTION_TOKENS} "
+        f"and the reply for {reply} ([generation] max_new_tokens, {new_flag}); "
+        f"use {ctx_flag} {needed} or more, or a smaller {new_flag} or a shorter system prompt"
+    )

@@ -1,0 +1,1 @@
+"""Observing turns: records, latency statistics, Prometheus metrics, GPU readings."""

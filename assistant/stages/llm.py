@@ -1,0 +1,336 @@
+"""Resolve the configured LLM to a folder, load its tokenizer and build the decoder backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from assistant.config import DecoderSettings, ModelSettings
+from engines.driver import DecoderDriver
+from engines.progress import EngineProgress, ProgressCallback, emit
+from engines.tensorrt.options import EngineOptions
+from engines.verify import GateOptions
+from models.config import DecoderConfig
+from models.weights import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir
+from store.bundled import BUNDLED, ModelStore, repair_hint
+from store.gguf_import import convert_into_store, find_gguf, stored_gguf_dir
+from store.hub import PREFIX as HUB_PREFIX
+from store.hub import hub_model_dir, parse_hub_name
+
+if TYPE_CHECKING:
+    from engines.selection import Probe
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
+
+
+def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None = None) -> Path:
+    """Folder of the configured LLM: store name, local folder, GGUF file or ``hf:org/name[@rev]``.
+
+    A local folder may be a Hugging Face folder or one holding exactly one ``.gguf`` file.
+
+    A hub model is downloaded only when named so, once, into the store, pinned to a commit
+    (:mod:`store.hub`); a name that is no folder is never taken for a hub id. A GGUF is
+    converted once into the store (:mod:`store.gguf_import`); ``progress`` hears that as
+    ``convert`` events (``cached`` when it was converted already).
+
+    Raises:
+        ModelNotFound: Nothing usable under that name, with the command that fixes it.
+        CorruptModel, UnsupportedModel, FetchError: A GGUF that cannot be converted, or a store
+            that cannot take it (each names the fix).
+    """
+    store = ModelStore(settings.store_dir)
+    name = settings.llm
+    if name.startswith(HUB_PREFIX):
+        return hub_model_dir(parse_hub_name(name), store)
+    local = Path(name).expanduser()
+    gguf = find_gguf(local)
+    if gguf is not None or local.suffix.lower() == ".gguf":
+        return _gguf_dir(gguf or local, store, progress)
+    if local.is_dir():
+        check_model_dir(local)
+        return local
+    if store.is_present(name):
+        check_model_dir(store.path(name))  # also the cheap check of the recorded files
+        return store.path(name)
+    if name in BUNDLED:
+        raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
+    hub_form = f"{HUB_PREFIX}{name}" if name.count("/") == 1 else f"{HUB_PREFIX}org/name"
+    raise ModelNotFound(
+        f"no such folder {local} and no stored model {name!r}; for a Hugging Face model use {hub_form} "
+        "(downloaded once, online); for the bundled models run 'assistant models fetch'"
+    )
+
+
+def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) -> Path:
+    """The store folder of ``gguf``, converting it first if needed.
+
+    ``progress`` hears a ``cached`` event when it was converted before, else ``convert``
+    events (``step`` of 100) while it converts.
+    """
+
+    def step(what: str, fraction: float) -> None:
+        logger.info("%s: %s", gguf.name, what)
+        if progress is not None:
+            done = fraction >= 1.0
+            event = EngineProgress("convert", what, "convert GGUF", "", round(100 * fraction), 100, done)
+            progress(dataclasses.replace(event, t_ns=time.monotonic_ns()))
+
+    stored = stored_gguf_dir(gguf, store, step)
+    if stored is not None:
+        emit(progress, "cached", f"{gguf.name}: converted already ({stored.name})")
+        return stored
+    return convert_into_store(gguf, store, step)
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The fast tokenizer (with chat template) saved in ``model_dir``.
+
+    Raises:
+        ModelNotFound: No tokenizer files.
+        CorruptModel: A tokenizer file is not JSON of the expected shape (names the file).
+    """
+    from transformers import AutoTokenizer
+
+    _check_tokenizer_files(model_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except OSError as e:
+        raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
+    except Exception as e:  # tokenizers and transformers raise bare KeyError, TypeError, Exception...
+        raise CorruptModel(
+            f"the tokenizer files in {model_dir} (tokenizer.json, tokenizer_config.json) cannot be "
+            f"loaded ({type(e).__name__}: {e}); {repair_hint(model_dir)}"
+        ) from e
+    if not tokenizer.chat_template:
+        raise ModelNotFound(f"{model_dir} has no chat template; use an instruct/chat model")
+    return tokenizer
+
+
+# Top-level keys a tokenizers-library tokenizer.json must have, and their JSON types.
+TOKENIZER_SHAPE: dict[str, type] = {"model": dict, "added_tokens": list}
+
+
+def _check_tokenizer_files(model_dir: Path) -> None:
+    """Name the file when tokenizer.json / tokenizer_config.json is not JSON of the right shape."""
+    for name, shape in (("tokenizer.json", TOKENIZER_SHAPE), ("tokenizer_config.json", {})):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CorruptModel(f"{path} is not readable JSON ({e}); {repair_hint(model_dir)}") from e
+        problem = None if isinstance(data, dict) else f"{type(data).__name__} where a JSON object belongs"
+        for key, kind in shape.items():
+            if problem is None and not isinstance(data.get(key), kind):
+                problem = f"{key!r} is missing or not a JSON {'object' if kind is dict else 'array'}"
+        if problem:
+            raise CorruptModel(f"{path} is not a tokenizer file: {problem}; {repair_hint(model_dir)}")
+
+
+def onnx_dtype(dtype: str) -> str:
+    """The ONNX export dtype for a ``decoder.dtype`` setting: ``auto`` is fp32 (the CPU twin)."""
+    if dtype == "auto":
+        return "fp32"
+    if dtype not in ("fp32", "fp16"):
+        raise ValueError(f"ONNX graphs are exported in fp32 or fp16, not {dtype!r}")
+    return dtype
+
+
+def engine_cache_dir(models: ModelSettings) -> Path:
+    """Where TensorRT engines and their tuning caches are kept (``<store>/engines``)."""
+    return Path(models.store_dir).expanduser() / "engines"
+
+
+def compile_cache_dir(models: ModelSettings, model_dir: Path) -> Path:
+    """Where ``torch.compile`` keeps this model's compiled code: ``<store>/torch-compile/<name>-<key>``.
+
+    In the store, never in the model folder (Inductor loads the pickles it finds in its
+    cache, and a model folder may be a download); keyed by the model folder's real path, so
+    two models never share one.
+    """
+    real = model_dir.expanduser().resolve()
+    key = hashlib.sha256(str(real).encode()).hexdigest()[:16]
+    return Path(models.store_dir).expanduser() / "torch-compile" / f"{real.name}-{key}"
+
+
+def load_llm(
+    models: ModelSettings,
+    decoder: DecoderSettings,
+    engine: EngineOptions | None = None,
+    *,
+    gate: GateOptions | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    notice: Callable[[str], None] | None = None,
+) -> tuple[DecoderDriver, Any]:
+    """Build the configured decoder backend and its tokenizer.
+
+    ``backend = "auto"`` prefers TensorRT (:func:`resolve_auto_backend`): the engine is built
+    or reused, warmed up and checked by the accuracy gate before its first use. When any of
+    that fails, the failure is logged and said once through ``notice``, kept in the decoder's
+    ``fallback``, and the next backend loads (PyTorch, with CUDA graphs on a GPU). An explicit
+    TensorRT backend raises instead.
+
+    Args:
+        models: Which model, and the store.
+        decoder: Backend, device, precision, context.
+        engine: TensorRT build options.
+        gate: The accuracy gate of an engine ``auto`` picked (``[gate]`` settings).
+        progress: Hears of ONNX exports, engine cache hits, build phases and the gate (any thread).
+        cancel: Set it to stop a TensorRT engine build at its next step.
+        notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
+    """
+    model_dir = resolve_llm_dir(models, progress)
+    config = DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
+    tokenizer = load_tokenizer(model_dir)
+    if decoder.server:
+        from engines.serving.remote import RemoteDecoder
+        from engines.serving.wire import tokenizer_sha256
+
+        sha = tokenizer_sha256(model_dir)
+        return RemoteDecoder(decoder.server, tokenizer, config.eos_token_ids, sha), tokenizer
+    if decoder.backend not in BACKENDS:
+        raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
+    load = _Loader(model_dir, tokenizer, models, engine or EngineOptions(), progress, cancel)
+    if decoder.backend != "auto":
+        return load(decoder), tokenizer
+    from engines.selection import probe
+
+    found = probe()
+    chosen, reason = resolve_auto_backend(decoder, found)
+    logger.info("backend auto: %s (%s)", chosen.backend, reason)
+    if chosen.backend not in ("tensorrt", "tensorrt-rtx"):
+        return load(chosen), tokenizer
+    from engines.tensorrt.backend import FALLBACK_ERRORS
+
+    gate = gate or GateOptions()
+    try:
+        return load(chosen, gate if gate.startup else None, auto=True), tokenizer
+    except FALLBACK_ERRORS as e:
+        if cancel is not None and cancel.is_set():
+            raise  # the user stopped the build: no fallback
+        fallback, fallback_reason = resolve_auto_backend(decoder, found, without_tensorrt=True)
+        why = f"{chosen.backend} not used: {_failure(e)}. Decoding with {fallback.backend} instead"
+        why += f" ({fallback_reason})"
+    if notice is not None:
+        logger.info("backend auto: %s", why)
+        notice(why)
+    else:
+        logger.warning("backend auto: %s", why)
+    driver = load(fallback)
+    driver.fallback = why
+    return driver, tokenizer
+
+
+def _failure(error: Exception) -> str:
+    """What failed, in words: ``engine build failed (<the error>)``; a gate failure says it itself."""
+    if type(error).__name__ == "GateFailed":
+        return str(error)
+    kinds = {
+        "TensorRTUnavailable": "TensorRT unavailable",
+        "EngineIncompatible": "engine does not run here",
+        "EngineBuildError": "engine build failed",
+        "OnnxParseError": "ONNX parser refused the export",
+        "ExportError": "ONNX export failed",
+        "EngineRuntimeError": "engine failed while running",
+        "CudaError": "CUDA error",
+    }
+    return f"{kinds.get(type(error).__name__, type(error).__name__)} ({error})"
+
+
+class _Loader:
+    """Loads one concrete backend (not ``auto``) for :func:`load_llm`."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        tokenizer: Any,
+        models: ModelSettings,
+        engine: EngineOptions,
+        progress: ProgressCallback | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.model_dir, self.tokenizer, self.models, self.engine = model_dir, tokenizer, models, engine
+        self.progress, self.cancel = progress, cancel
+
+    def __call__(
+        self, decoder: DecoderSettings, gate: GateOptions | None = None, *, auto: bool = False
+    ) -> DecoderDriver:
+        """The decoder of ``decoder.backend``.
+
+        ``auto``: the TensorRT that ``--backend auto`` picked; a build of it that failed at an
+        earlier start is not tried again.
+        """
+        model_dir, tokenizer = self.model_dir, self.tokenizer
+        if decoder.backend == "onnxruntime":
+            return _load_onnxruntime(model_dir, tokenizer, decoder, self.progress)
+        if decoder.backend in ("tensorrt", "tensorrt-rtx"):
+            from engines.tensorrt.backend import load_tensorrt_decoder
+
+            return load_tensorrt_decoder(
+                model_dir,
+                tokenizer,
+                dataclasses.replace(self.engine, flavour=decoder.backend),
+                engine_cache_dir(self.models),
+                capacity_tokens=decoder.context_tokens,
+                progress=self.progress,
+                cancel=self.cancel,
+                gate=gate,
+                retry_failed_build=not auto,
+            )
+        from engines.torch_backend import TorchBackendOptions, load_torch_decoder
+
+        options = TorchBackendOptions(
+            device=decoder.device,
+            dtype=decoder.dtype,
+            capacity_tokens=decoder.context_tokens,
+            threads=decoder.threads,
+            cuda_graph=decoder.cuda_graph,
+            compile=decoder.compile,
+            compile_cache_dir=compile_cache_dir(self.models, model_dir),
+        )
+        return load_torch_decoder(model_dir, tokenizer, options, self.progress)
+
+
+def _load_onnxruntime(
+    model_dir: Path, tokenizer: Any, decoder: DecoderSettings, progress: ProgressCallback | None
+) -> DecoderDriver:
+    from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
+
+    if decoder.device not in ("auto", "cpu"):
+        raise ValueError(f"the onnxruntime backend runs on the CPU; drop --device {decoder.device}")
+    options = OnnxRuntimeOptions(
+        dtype=onnx_dtype(decoder.dtype), threads=decoder.threads, capacity_tokens=decoder.context_tokens
+    )
+    return load_onnxruntime_decoder(model_dir, tokenizer, options, progress)
+
+
+def resolve_auto_backend(
+    decoder: DecoderSettings, found: Probe | None = None, *, without_tensorrt: bool = False
+) -> tuple[DecoderSettings, str]:
+    """``backend = "auto"`` made concrete for this machine, and the reason in words.
+
+    Args:
+        decoder: The settings with ``backend = "auto"``.
+        found: What this machine offers (probed now when ``None``).
+        without_tensorrt: The choice after TensorRT failed here (:func:`load_llm`'s fallback).
+    """
+    from engines.selection import choose_backend, probe
+
+    choice = choose_backend(found or probe(), without_tensorrt=without_tensorrt)
+    if choice.backend == "onnxruntime" and decoder.dtype not in ("auto", "fp32", "fp16"):
+        # The ONNX export is fp32 or fp16 only; PyTorch runs the asked-for dtype.
+        why = f"{choice.reason}; but --dtype {decoder.dtype} is not exported to ONNX: PyTorch on the CPU"
+        return dataclasses.replace(decoder, backend="pytorch", device="cpu"), why
+    device = decoder.device if decoder.device != "auto" or choice.backend != "pytorch" else choice.device
+    return dataclasses.replace(decoder, backend=choice.backend, device=device), choice.reason

@@ -1,0 +1,400 @@
+"""The voice loop: the only module that knows every stage.
+
+utterance (VAD) -> ASR -> decoder token stream -> sentence splitter -> TTS -> output,
+with a typed, timestamped event for every step (``assistant.events``) and a latency record
+per turn (``assistant.observe.latency``). TTS runs on its own thread, so the first sentence is
+spoken while the rest of the reply is still being generated.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from assistant.events import (
+    AudioReady,
+    AudioStarted,
+    Event,
+    PartialTranscript,
+    PlaybackEnded,
+    PromptSubmitted,
+    SentenceReady,
+    SpeculationDiscarded,
+    SpeculationStarted,
+    SpeechEnded,
+    SpeechPaused,
+    TokenGenerated,
+    TranscriptReady,
+    TurnCancelled,
+    TurnDone,
+    TurnHeld,
+)
+from assistant.observe.latency import TurnRecord, build_record
+from assistant.stages.asr import first_clip_end
+from assistant.stages.audio import AudioSink
+from assistant.stages.devices import DeviceLostError
+from assistant.stages.dialogue import Dialogue, Reply
+from assistant.stages.vad import SAMPLE_RATE_HZ
+from assistant.turns.protocols import (
+    LLM_SERVER_LOST,
+    SPEAKER_LOST,
+    HeldSpeech,
+    PipelineOptions,
+    ReplyGate,
+    Splits,
+    Synthesizes,
+    Transcribes,
+)
+from engines.serving.remote import ServerUnavailable
+from store.files import append_line
+
+logger = logging.getLogger(__name__)
+
+
+class VoicePipeline:
+    """Runs turns through every stage and reports events to ``emit`` (from worker threads)."""
+
+    def __init__(
+        self,
+        dialogue: Dialogue,
+        transcriber: Transcribes,
+        synthesizer: Synthesizes | None,
+        make_splitter: Callable[[], Splits],
+        options: PipelineOptions,
+        emit: Callable[[Event], None] | None = None,
+        llm_model: str = "",
+    ) -> None:
+        self.dialogue = dialogue
+        self.transcriber = transcriber
+        self.synthesizer = synthesizer
+        self.make_splitter = make_splitter
+        self.options = options
+        self._emit_external = emit
+        self.llm_model = llm_model
+        self.records: list[TurnRecord] = []
+        self._events: list[Event] = []  # the turns in flight; emitted from several threads
+        self._events_lock = threading.Lock()
+        self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
+        self._transcribing: set[int] = set()  # turns whose own ASR has started
+        self._server_lost: set[int] = set()  # turns whose LLM server failed mid-reply
+        self.held = HeldSpeech()  # only the turn threads touch it, one turn at a time
+
+    def emit(self, event: Event) -> None:
+        """Record an event and pass it on."""
+        with self._events_lock:
+            self._events.append(event)
+        if self._emit_external:
+            self._emit_external(event)
+
+    def run_turn(
+        self,
+        utterance: SpeechEnded | SpeechPaused,
+        sink: AudioSink | None,
+        cancel: threading.Event,
+        gate: ReplyGate | None = None,
+    ) -> TurnRecord | None:
+        """Answer one utterance; returns its record once the reply has played (or was cut).
+
+        With an unconfirmed ``gate`` (speculation from a ``SpeechPaused``) the work starts at
+        once but waits for the gate before playing or recording anything; a discarded gate
+        returns ``None`` and leaves no record (the user's turn goes on). An utterance cut for
+        length is only held (``TurnHeld``, returns ``None``, no record); the next turn that is
+        answered answers the held speech and its own together, as one question.
+        """
+        gate = gate or ReplyGate()
+        turn = utterance.turn_id
+        start_ns = time.monotonic_ns()
+        self._forget_other_turns(turn)
+        with self._events_lock:
+            seen = any(e is utterance for e in self._events)
+        if not seen:
+            self.emit(utterance)
+        if not gate.confirmed.is_set():
+            self.emit(SpeculationStarted(turn, start_ns, "asr"))
+        self._transcribing.add(turn)  # a partial transcript finishing now would be stale
+        if isinstance(utterance, SpeechEnded) and utterance.cut:
+            self._hold(turn, utterance.audio)
+            return None
+        held = self.held
+        audio = np.concatenate([held.audio, utterance.audio]) if held.turns else utterance.audio
+        with self.asr_lock:
+            result = self.transcriber.transcribe(audio, long_form=bool(held.turns))
+        text = " ".join([*held.texts, str(getattr(result, "text", "")).strip()]).strip()
+        if gate.discarded:
+            self._discarded(turn, start_ns, gate.reason)
+            return None
+        asr_ms = float(getattr(result, "asr_ms", 0.0))
+        self.emit(TranscriptReady(turn, time.monotonic_ns(), text, asr_ms, tuple(held.turns)))
+        if not text:
+            if not gate.wait(cancel):
+                self._discarded(turn, start_ns, gate.reason)
+                return None
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), "no words recognised"))
+            record: TurnRecord | None = self._finish(turn)
+        else:
+            record = self._answer(turn, text, sink, cancel, gate, start_ns)
+        if record is not None and self.held is held:
+            self.held = HeldSpeech()  # answered: the next long utterance starts afresh
+        return record
+
+    def drop_held(self) -> list[int]:
+        """Forget the held speech (the microphone was lost mid-utterance); returns its turns."""
+        held, self.held = self.held, HeldSpeech()
+        return held.turns
+
+    def _hold(self, turn: int, audio: np.ndarray) -> None:
+        """Keep a turn cut for length; transcribe the held speech's clips that became final."""
+        held = self.held
+        held.turns.append(turn)
+        held.audio = np.concatenate([held.audio, audio])
+        while (end := first_clip_end(held.audio)) is not None:
+            with self.asr_lock:
+                result = self.transcriber.transcribe(held.audio[:end], long_form=True)
+            if text := str(getattr(result, "text", "")).strip():
+                held.texts.append(text)
+            held.audio = held.audio[end:]
+        self._transcribing.discard(turn)
+        pending_ms = 1000.0 * held.audio.size / SAMPLE_RATE_HZ
+        self.emit(TurnHeld(turn, time.monotonic_ns(), " ".join(held.texts), pending_ms))
+
+    def run_text_turn(
+        self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event
+    ) -> TurnRecord:
+        """Answer a typed message: spoken too when ``sink`` is given.
+
+        Its record has no speech stages (endpointing, ASR, voice-to-voice are ``None``);
+        the ``TranscriptReady`` it emits carries the typed text.
+        """
+        self._forget_other_turns(turn)
+        self.emit(TranscriptReady(turn, time.monotonic_ns(), text.strip(), 0.0))
+        record = self._answer(turn, text.strip(), sink, cancel, ReplyGate(), time.monotonic_ns())
+        assert record is not None  # a confirmed gate is never discarded
+        return record
+
+    def _answer(
+        self,
+        turn: int,
+        text: str,
+        sink: AudioSink | None,
+        cancel: threading.Event,
+        gate: ReplyGate,
+        start_ns: int,
+    ) -> TurnRecord | None:
+        sentences: queue.Queue[tuple[int, str] | None] = queue.Queue()
+        spoken: list[tuple[str, int, int]] = []  # (sentence, turn-relative first sample, samples)
+        lost: list[str] = []  # why the sink failed (DeviceLostError), from either thread
+        tts = None
+        if self.synthesizer is None:
+            sink = None  # text only: nothing to speak with
+        losses: list[int] = []  # the sink's loss count when this reply's audio first played
+        if sink is not None:
+            tts = threading.Thread(
+                target=self._speak,
+                args=(turn, sentences, sink, cancel, gate, spoken, (lost, losses)),
+                name=f"tts-turn-{turn}",
+            )
+            tts.start()
+        try:
+            reply = self._generate(turn, text, sentences, cancel, gate)
+        finally:
+            sentences.put(None)
+            if tts is not None:
+                tts.join()
+        if not gate.wait(cancel):
+            reply.discard()
+            self._discarded(turn, start_ns, gate.reason)
+            return None
+        reply.confirm()  # now the exchange is part of the conversation
+        if sink is not None:
+            try:
+                while not cancel.is_set() and not lost and not sink.wait(0.05):
+                    pass
+            except DeviceLostError as e:
+                lost.append(str(e))
+            if not lost and losses and getattr(sink, "losses", 0) != losses[0]:
+                # Lost and reopened between two looks: what was queued was dropped.
+                lost.append("the output device was lost and reopened during the reply")
+            if cancel.is_set() or lost:
+                sink.stop()
+            first = getattr(sink, "first_audio_t_ns", {}).get(turn)
+            if first:
+                self.emit(AudioStarted(turn, first))
+        self.emit(PlaybackEnded(turn, time.monotonic_ns()))
+        if turn in self._server_lost and not cancel.is_set():
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), LLM_SERVER_LOST, self.dialogue_reply()))
+        elif lost and not cancel.is_set():
+            # The speaker went away: the reply is cut, but its text stays in the conversation
+            # and the record (it was shown; the user can read it or ask again).
+            logger.info("turn %d: playback given up: %s", turn, lost[0])
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), SPEAKER_LOST, self.dialogue_reply()))
+        elif cancel.is_set():
+            played = getattr(sink, "played_samples", {}).get(turn, 0) if sink is not None else None
+            heard = self._heard(spoken, played) if played is not None else self.dialogue_reply()
+            self.dialogue.revise_last_reply(heard)
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), "interrupted", heard))
+        return self._finish(turn)
+
+    def _discarded(self, turn: int, start_ns: int, reason: str = "") -> None:
+        self._transcribing.discard(turn)  # the user goes on: partial transcripts again
+        work_ms = (time.monotonic_ns() - start_ns) / 1e6
+        self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), reason or "speech resumed", work_ms))
+
+    def partial_transcript(self, turn: int, audio: np.ndarray) -> None:
+        """Transcribe the utterance in progress for the live display (``PartialTranscript``).
+
+        Skipped when the turn's own ASR holds the model: the final answer never waits for it
+        to start (at most for one partial already running).
+        """
+        if not self.asr_lock.acquire(blocking=False):
+            return
+        try:
+            result = self.transcriber.transcribe(audio, quick=True)
+        finally:
+            self.asr_lock.release()
+        text = str(getattr(result, "text", "")).strip()
+        if text and turn not in self._transcribing:
+            asr_ms = float(getattr(result, "asr_ms", 0.0))
+            self.emit(PartialTranscript(turn, time.monotonic_ns(), text, 1000 * audio.size / 16000, asr_ms))
+
+    def dialogue_reply(self) -> str:
+        """The last reply as generated (what a reader saw when nothing is spoken)."""
+        return self.dialogue.turns[-1].assistant if self.dialogue.turns else ""
+
+    def _generate(
+        self,
+        turn: int,
+        text: str,
+        sentences: queue.Queue[tuple[int, str] | None],
+        cancel: threading.Event,
+        gate: ReplyGate,
+    ) -> Reply:
+        """Stream the reply into ``sentences``; unconfirmed, it pauses after the first sentence."""
+        if not gate.confirmed.is_set():
+            self.emit(SpeculationStarted(turn, time.monotonic_ns(), "llm"))
+        reply = self.dialogue.ask(text, cancel, held=True)
+        splitter = self.make_splitter()
+        try:
+            self._stream_reply(turn, reply, sentences, cancel, gate, splitter)
+        except ServerUnavailable as e:  # --llm-server: the text so far is kept, the next turn reconnects
+            logger.warning("turn %d: %s", turn, e)
+            self._server_lost.add(turn)
+        return reply
+
+    def _stream_reply(
+        self,
+        turn: int,
+        reply: Reply,
+        sentences: queue.Queue[tuple[int, str] | None],
+        cancel: threading.Event,
+        gate: ReplyGate,
+        splitter: Splits,
+    ) -> None:
+        """Feed the reply's tokens to the splitter and its sentences to ``sentences``."""
+        index = 0
+        submitted = False
+        for chunk in reply:
+            if not submitted:  # the stats know the prompt split only once iteration began
+                submitted = True
+                s = reply.stats
+                self.emit(
+                    PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens, s.network_ms)
+                )
+            if chunk.token_id >= 0:
+                self.emit(TokenGenerated(turn, chunk.t_ns, chunk.index, chunk.text))
+            for sentence in splitter.push(chunk.text):
+                self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
+                sentences.put((index, sentence))
+                index += 1
+            # Speculating: one sentence ready to play is enough until the user is done.
+            if index and not gate.wait(cancel):
+                break
+        if not submitted:
+            s = reply.stats
+            self.emit(PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens))
+        if not cancel.is_set() and not gate.discarded:
+            for sentence in splitter.flush():
+                self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
+                sentences.put((index, sentence))
+                index += 1
+
+    def _speak(
+        self,
+        turn: int,
+        sentences: queue.Queue[tuple[int, str] | None],
+        sink: AudioSink,
+        cancel: threading.Event,
+        gate: ReplyGate,
+        spoken: list[tuple[str, int, int]],
+        failures: tuple[list[str], list[int]],
+    ) -> None:
+        """Render and play each sentence; a lost sink goes into ``failures`` (why, loss count)."""
+        lost, losses = failures
+        offset = 0
+        while (item := sentences.get()) is not None:
+            if cancel.is_set() or gate.discarded or lost:
+                continue  # drain without speaking
+            index, sentence = item
+            assert self.synthesizer is not None  # _answer speaks only with one
+            played = 0
+            # Each piece plays as soon as it is rendered (Piper: one per sentence it finds),
+            # while the next is rendered; a cancelled reply renders no further piece.
+            for part, audio in enumerate(self.synthesizer.stream(sentence)):
+                ms = 1000 * audio.size / SAMPLE_RATE_HZ
+                self.emit(AudioReady(turn, time.monotonic_ns(), index, ms, part))
+                if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
+                    break
+                if not losses:
+                    losses.append(getattr(sink, "losses", 0))
+                try:
+                    sink.play(turn, audio)
+                except DeviceLostError as e:
+                    lost.append(str(e))
+                    break
+                played += audio.size
+            if played:
+                spoken.append((sentence, offset, played))
+                offset += played
+
+    @staticmethod
+    def _heard(spoken: list[tuple[str, int, int]], played_samples: int) -> str:
+        """The reply as far as it was played; a partly played sentence keeps its played words."""
+        words: list[str] = []
+        for sentence, start, size in spoken:
+            if played_samples >= start + size:
+                words.append(sentence)
+            elif played_samples > start:
+                parts = sentence.split()
+                words.append(" ".join(parts[: int(len(parts) * (played_samples - start) / size)]))
+        return " ".join(w for w in words if w)
+
+    def _snapshot(self) -> list[Event]:
+        with self._events_lock:
+            return list(self._events)
+
+    def _forget_other_turns(self, turn: int) -> None:
+        """Keep only ``turn``'s events (and later turns' already heard): earlier turns are done."""
+        with self._events_lock:
+            self._events[:] = [e for e in self._events if e.turn_id >= turn]
+
+    def _finish(self, turn: int) -> TurnRecord:
+        self._transcribing.discard(turn)
+        self._server_lost.discard(turn)
+        record = build_record(
+            turn,
+            self._snapshot(),
+            backend=self.dialogue.decoder.name,
+            backend_fallback=getattr(self.dialogue.decoder, "fallback", ""),
+            llm_model=self.llm_model,
+            asr_model=self.transcriber.description,
+            tts_voice=self.synthesizer.description if self.synthesizer is not None else "",
+        )
+        self.records.append(record)
+        if self.options.log_path:
+            append_line(self.options.log_path, record.to_json())
+        self.emit(TurnDone(turn, time.monotonic_ns(), record))
+        return record

@@ -1,0 +1,129 @@
+"""What a turn of the voice loop works with.
+
+Its stages as it uses them, its options, speech held across length cuts, and the gate that
+decides whether a reply may be kept and played. Split from :mod:`assistant.turns.pipeline`,
+which runs the turns.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+SPEAKER_LOST = "speaker lost"  # TurnCancelled.reason: the reply's text is kept, its audio was cut
+MICROPHONE_LOST = "microphone lost"  # TurnCancelled.reason: the speech in progress was dropped
+# TurnCancelled.reason: the LLM server (--llm-server) failed mid-reply; the text so far is kept
+# and the next turn connects again.
+LLM_SERVER_LOST = "llm server lost"
+
+
+class Transcribes(Protocol):
+    """The ASR stage as the pipeline uses it."""
+
+    description: str
+
+    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> object:
+        """Return an object with ``text`` and ``asr_ms``.
+
+        ``quick``: greedy, for partials; ``long_form``: a clip of longer speech (timestamps).
+        """
+        ...
+
+
+class Synthesizes(Protocol):
+    """The TTS stage as the pipeline uses it."""
+
+    @property
+    def description(self) -> str:
+        """The engine and voice, for the turn record (``piper en_US-joe-medium``)."""
+        ...
+
+    def stream(self, text: str) -> Iterator[np.ndarray]:
+        """16 kHz mono float32 audio of ``text``, piece by piece as it is rendered (lazy)."""
+        ...
+
+
+class Splits(Protocol):
+    """The sentence splitter as the pipeline uses it."""
+
+    def push(self, text: str) -> list[str]:
+        """Add text; return completed sentences."""
+        ...
+
+    def flush(self) -> list[str]:
+        """Return what is left."""
+        ...
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Turn-taking behaviour.
+
+    Without ``barge_in`` the microphone is ignored while the assistant speaks (it must not
+    hear itself through the speakers). With it (headsets), user speech stops the reply and
+    only what was played stays in the conversation.
+    """
+
+    barge_in: bool = False
+    log_path: Path | None = None
+
+
+@dataclass
+class HeldSpeech:
+    """Speech of turns cut for length (``SpeechEnded.cut``) that is not answered yet.
+
+    ``texts`` are the transcripts of its clips that are final, ``audio`` the rest, not yet
+    transcribed. A clip is final once the held audio runs past its 30 s window
+    (:func:`~assistant.stages.asr.first_clip_end`), so it is transcribed while the user still
+    speaks, cut where file mode would cut it; the turn that ends the utterance transcribes
+    the rest with its own audio.
+    """
+
+    turns: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+
+
+class ReplyGate:
+    """Whether a turn's reply may be kept and played.
+
+    A speculative turn (started at a pause, before the end of the turn was decided) begins
+    unconfirmed: ASR and the first sentence of the reply run, but nothing plays and nothing
+    enters the conversation until :meth:`confirm`; :meth:`discard` (the user went on) drops
+    it all. ``claim_audio`` is asked before each piece of audio is played; False means the
+    user has taken the floor back, so the piece is not played.
+    """
+
+    def __init__(self, confirmed: bool = True, claim_audio: Callable[[], bool] | None = None) -> None:
+        self.confirmed = threading.Event()
+        self.discarded = False
+        self.reason = ""
+        self.claim_audio = claim_audio
+        if confirmed:
+            self.confirmed.set()
+
+    def confirm(self) -> None:
+        """The turn ended as speculated."""
+        self.confirmed.set()
+
+    def discard(self, reason: str = "speech resumed") -> None:
+        """The user spoke again (or the turn was cut for length): throw the work away."""
+        self.reason = reason
+        self.discarded = True
+        self.confirmed.set()  # wakes the waiters, who then see ``discarded``
+
+    def wait(self, cancel: threading.Event) -> bool:
+        """Block until confirmed (True) or discarded / cancelled first (False)."""
+        while not self.confirmed.wait(0.02):
+            if cancel.is_set():
+                return False
+        return not self.discarded
+
+    def may_play(self) -> bool:
+        """Whether the next piece of audio may go to the speaker now."""
+        return not self.discarded and (self.claim_audio is None or self.claim_audio())

@@ -1,0 +1,163 @@
+"""The decoder as a Triton Python-backend model (decoupled: one response per token).
+
+Triton's Python backend imports this inside its stub process (``triton_python_backend_utils``
+exists only there). ``execute`` hands each request to the :class:`~engines.serving.batching.BatchScheduler`
+and returns at once; a thread per request streams its tokens back and cancels the sequence as
+soon as Triton says the client is gone (a cancelled gRPC stream or a dropped connection).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.utils.dlpack
+import triton_python_backend_utils as pb_utils  # ty: ignore  (only inside Triton's stub)
+
+from engines.serving.batching import BatchScheduler, RequestError
+from engines.serving.batching_graph import load_batched_step
+from engines.serving.wire import (
+    OPTIONS,
+    PROMPT_IDS,
+    REFUSED,
+    REUSED,
+    SERVER_US,
+    SESSION,
+    TOKEN,
+    decode_options,
+    read_parameters,
+)
+from engines.torch_backend import TorchBackendOptions, configure_threads, resolve_device, use_cuda_graph
+from models.config import DecoderConfig
+
+logger = logging.getLogger(__name__)
+
+
+def tensor_input(request: Any, name: str) -> torch.Tensor | None:
+    """An input as a flat CPU tensor, through DLPack (None when the optional input is absent).
+
+    Not ``as_numpy()``: under numpy 2 the 2.51 stub's arrays repeat the first element
+    (``{{{{...`` for a JSON text, seen on the GPU machine), so ids would arrive as one id
+    repeated; DLPack hands over the buffer itself.
+    """
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).reshape(-1).cpu()
+
+
+def _exit_with_server(server_pid: int) -> None:
+    """End this stub once tritonserver is gone.
+
+    Killed with SIGKILL, tritonserver cannot stop us: we would hold the model's memory forever,
+    reparented to init.
+    """
+    while os.getppid() == server_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
+
+
+PARENT_CHECK_S = 0.5
+
+
+def output(name: str, value: torch.Tensor) -> Any:
+    """An output tensor, through DLPack as the inputs (see :func:`tensor_input`)."""
+    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value))
+
+
+def text_input(request: Any, name: str) -> str:
+    """A UTF-8 uint8 input as text ('' when the optional input is absent).
+
+    Raises:
+        ValueError: The bytes are not UTF-8.
+    """
+    tensor = tensor_input(request, name)
+    return "" if tensor is None else bytes(tensor.to(torch.uint8).tolist()).decode()
+
+
+class TritonPythonModel:
+    """Loads the model once (``initialize``) and serves every request through one scheduler."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        """Load the weights and start the scheduler thread."""
+        options = read_parameters(json.loads(args["model_config"]))
+        torch_options = TorchBackendOptions(
+            device=options.device, dtype=options.dtype, threads=options.threads, cuda_graph=options.cuda_graph
+        )
+        configure_threads(options.threads)
+        device, dtype = resolve_device(torch_options)
+        config = DecoderConfig.from_dir(options.model_dir)
+        capacity = min(options.context_tokens, config.max_position_embeddings)
+        graphs = use_cuda_graph(torch_options, device)
+        step = load_batched_step(options.model_dir, options.sequences, capacity, device, dtype, graphs)
+        self.scheduler = BatchScheduler(step, config.eos_token_ids)
+        threading.Thread(target=_exit_with_server, args=(os.getppid(),), daemon=True).start()
+        logger.info(
+            "serving %s: %s, %d sequences of %d tokens",
+            options.model_dir,
+            step.name,
+            options.sequences,
+            capacity,
+        )
+
+    def execute(self, requests: list[Any]) -> None:
+        """Queue each request; its tokens are sent from its own thread as they come."""
+        arrived_ns = time.monotonic_ns()
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                ids = tensor_input(request, PROMPT_IDS)
+                assert ids is not None  # not optional: Triton refuses a request without it
+                session_id = text_input(request, SESSION)
+                options = decode_options(text_input(request, OPTIONS))
+                sequence = self.scheduler.submit(session_id, ids.tolist(), options)
+            except (RequestError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED + str(e))),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            threading.Thread(
+                target=self._stream, args=(request, sender, sequence, arrived_ns), daemon=True
+            ).start()
+        return None
+
+    def _stream(self, request: Any, sender: Any, sequence: Any, arrived_ns: int) -> None:
+        try:
+            for token, t_ns in sequence.tokens():
+                if request.is_cancelled():
+                    sequence.cancel()
+                    break
+                outputs = [
+                    output(TOKEN, torch.tensor([token], dtype=torch.int64)),
+                    output(SERVER_US, torch.tensor([(t_ns - arrived_ns) // 1000], dtype=torch.int64)),
+                    output(REUSED, torch.tensor([sequence.reused_tokens], dtype=torch.int32)),
+                ]
+                sender.send(pb_utils.InferenceResponse(outputs))
+        except RequestError as e:
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+            return
+        except Exception:  # the client vanished mid-send: stop generating for it
+            sequence.cancel()
+            logger.exception("stream of session %s ended", sequence.session)
+        if sequence.cancelled.is_set():
+            # A warning, so Triton's log has it without logging set up (tests read it).
+            logger.warning(
+                "session %s: cancelled by the client after %d tokens; its row is free",
+                sequence.session,
+                sequence.generated_tokens,
+            )
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self) -> None:
+        """Stop the scheduler (running sequences end cancelled); its summary goes to the log."""
+        self.scheduler.close()
+        logger.warning("served: %s", self.scheduler.summary())

@@ -1,0 +1,1 @@
+"""The model store: bundled fetch, hub models, GGUF import, records and staged writes."""
