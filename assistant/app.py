@@ -10,9 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from assistant.config import Settings
 from assistant.events import Event
-from assistant.stages.asr import Transcriber
+from assistant.stages.asr import Transcriber, TranscriptResult
 from assistant.stages.audio import Microphone, Speaker
 from assistant.stages.devices import AudioDeviceError
 from assistant.stages.dialogue import Dialogue
@@ -296,5 +298,5 @@ class _NoAsr:
 
     description = "none"
 
-    def transcribe(self, audio: object, quick: bool = False, long_form: bool = False) -> object:
+    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
         raise RuntimeError("no ASR model loaded (text mode)")

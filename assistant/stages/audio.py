@@ -289,6 +289,10 @@ class Speaker(_Stream):
 
     kind = "output"
 
+    def output_latency_ms(self) -> float:
+        """The output device's own buffer: what plays after a stop (0 when closed)."""
+        return 1000.0 * float(getattr(self.stream, "latency", 0.0) or 0.0)
+
     def __init__(self, options: AudioOptions) -> None:
         self._lock = threading.Lock()
         self._segments: deque[_Segment] = deque()
@@ -370,7 +374,21 @@ class Speaker(_Stream):
 
 
 class AudioSink(Protocol):
-    """Where reply audio goes: the speaker, or a buffer written to a WAV file."""
+    """Where reply audio goes: the speaker, or a buffer written to a WAV file.
+
+    ``first_audio_t_ns`` and ``played_samples`` are per turn: when its first sample played and
+    how many have played (what the user heard); ``losses`` counts the times the device was
+    lost (a change during a reply means its queued audio was dropped).
+    """
+
+    first_audio_t_ns: dict[int, int]
+    played_samples: dict[int, int]
+    losses: int
+    lost: threading.Event  # set while the device is lost (replies are then text only)
+
+    def output_latency_ms(self) -> float:
+        """The device's own buffer, which still plays after :meth:`stop`."""
+        ...
 
     def play(self, turn_id: int, audio: np.ndarray) -> None:
         """Queue audio behind what is queued."""
@@ -390,6 +408,8 @@ class FileSink:
 
     def __init__(self) -> None:
         self.segments: list[np.ndarray] = []
+        self.losses = 0  # a file is never lost
+        self.lost = threading.Event()
         self.first_audio_t_ns: dict[int, int] = {}
         self.played_samples: dict[int, int] = {}
 
@@ -398,6 +418,10 @@ class FileSink:
         self.first_audio_t_ns.setdefault(turn_id, time.monotonic_ns())
         self.played_samples[turn_id] = self.played_samples.get(turn_id, 0) + audio.size
         self.segments.append(audio)
+
+    def output_latency_ms(self) -> float:
+        """A file has no device buffer."""
+        return 0.0
 
     def stop(self) -> None:
         """Nothing plays, so nothing to stop."""

@@ -9,7 +9,6 @@ spoken while the rest of the reply is still being generated.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +16,6 @@ from collections.abc import Callable
 import numpy as np
 
 from assistant.events import (
-    AudioReady,
-    AudioStarted,
     Event,
     PartialTranscript,
     PlaybackEnded,
@@ -37,7 +34,6 @@ from assistant.events import (
 from assistant.observe.latency import TurnRecord, build_record
 from assistant.stages.asr import first_clip_end
 from assistant.stages.audio import AudioSink
-from assistant.stages.devices import DeviceLostError
 from assistant.stages.dialogue import Dialogue, Reply
 from assistant.stages.vad import SAMPLE_RATE_HZ
 from assistant.turns.protocols import (
@@ -50,6 +46,7 @@ from assistant.turns.protocols import (
     Synthesizes,
     Transcribes,
 )
+from assistant.turns.speaking import ReplyAudio
 from engines.serving.remote import ServerUnavailable
 from store.files import append_line
 
@@ -124,11 +121,11 @@ class VoicePipeline:
         audio = np.concatenate([held.audio, utterance.audio]) if held.turns else utterance.audio
         with self.asr_lock:
             result = self.transcriber.transcribe(audio, long_form=bool(held.turns))
-        text = " ".join([*held.texts, str(getattr(result, "text", "")).strip()]).strip()
+        text = " ".join([*held.texts, result.text.strip()]).strip()
         if gate.discarded:
             self._discarded(turn, start_ns, gate.reason)
             return None
-        asr_ms = float(getattr(result, "asr_ms", 0.0))
+        asr_ms = result.asr_ms
         self.emit(TranscriptReady(turn, time.monotonic_ns(), text, asr_ms, tuple(held.turns)))
         if not text:
             if not gate.wait(cancel):
@@ -155,7 +152,7 @@ class VoicePipeline:
         while (end := first_clip_end(held.audio)) is not None:
             with self.asr_lock:
                 result = self.transcriber.transcribe(held.audio[:end], long_form=True)
-            if text := str(getattr(result, "text", "")).strip():
+            if text := result.text.strip():
                 held.texts.append(text)
             held.audio = held.audio[end:]
         self._transcribing.discard(turn)
@@ -185,56 +182,31 @@ class VoicePipeline:
         gate: ReplyGate,
         start_ns: int,
     ) -> TurnRecord | None:
-        sentences: queue.Queue[tuple[int, str] | None] = queue.Queue()
-        spoken: list[tuple[str, int, int]] = []  # (sentence, turn-relative first sample, samples)
-        lost: list[str] = []  # why the sink failed (DeviceLostError), from either thread
-        tts = None
-        if self.synthesizer is None:
-            sink = None  # text only: nothing to speak with
-        losses: list[int] = []  # the sink's loss count when this reply's audio first played
-        if sink is not None:
-            tts = threading.Thread(
-                target=self._speak,
-                args=(turn, sentences, sink, cancel, gate, spoken, (lost, losses)),
-                name=f"tts-turn-{turn}",
-            )
-            tts.start()
+        audio = None
+        if sink is not None and self.synthesizer is not None:  # else text only: nothing to speak with
+            audio = ReplyAudio(turn, self.synthesizer, sink, cancel, gate, self.emit)
+            audio.start()
         try:
-            reply = self._generate(turn, text, sentences, cancel, gate)
+            reply = self._generate(turn, text, audio.say if audio is not None else _silent, cancel, gate)
         finally:
-            sentences.put(None)
-            if tts is not None:
-                tts.join()
+            if audio is not None:
+                audio.close()
         if not gate.wait(cancel):
             reply.discard()
             self._discarded(turn, start_ns, gate.reason)
             return None
         reply.confirm()  # now the exchange is part of the conversation
-        if sink is not None:
-            try:
-                while not cancel.is_set() and not lost and not sink.wait(0.05):
-                    pass
-            except DeviceLostError as e:
-                lost.append(str(e))
-            if not lost and losses and getattr(sink, "losses", 0) != losses[0]:
-                # Lost and reopened between two looks: what was queued was dropped.
-                lost.append("the output device was lost and reopened during the reply")
-            if cancel.is_set() or lost:
-                sink.stop()
-            first = getattr(sink, "first_audio_t_ns", {}).get(turn)
-            if first:
-                self.emit(AudioStarted(turn, first))
+        lost = audio.finish_playing() if audio is not None else ""
         self.emit(PlaybackEnded(turn, time.monotonic_ns()))
         if turn in self._server_lost and not cancel.is_set():
             self.emit(TurnCancelled(turn, time.monotonic_ns(), LLM_SERVER_LOST, self.dialogue_reply()))
         elif lost and not cancel.is_set():
             # The speaker went away: the reply is cut, but its text stays in the conversation
             # and the record (it was shown; the user can read it or ask again).
-            logger.info("turn %d: playback given up: %s", turn, lost[0])
+            logger.info("turn %d: playback given up: %s", turn, lost)
             self.emit(TurnCancelled(turn, time.monotonic_ns(), SPEAKER_LOST, self.dialogue_reply()))
         elif cancel.is_set():
-            played = getattr(sink, "played_samples", {}).get(turn, 0) if sink is not None else None
-            heard = self._heard(spoken, played) if played is not None else self.dialogue_reply()
+            heard = audio.heard() if audio is not None else self.dialogue_reply()
             self.dialogue.revise_last_reply(heard)
             self.emit(TurnCancelled(turn, time.monotonic_ns(), "interrupted", heard))
         return self._finish(turn)
@@ -256,9 +228,9 @@ class VoicePipeline:
             result = self.transcriber.transcribe(audio, quick=True)
         finally:
             self.asr_lock.release()
-        text = str(getattr(result, "text", "")).strip()
+        text = result.text.strip()
         if text and turn not in self._transcribing:
-            asr_ms = float(getattr(result, "asr_ms", 0.0))
+            asr_ms = result.asr_ms
             self.emit(PartialTranscript(turn, time.monotonic_ns(), text, 1000 * audio.size / 16000, asr_ms))
 
     def dialogue_reply(self) -> str:
@@ -269,17 +241,17 @@ class VoicePipeline:
         self,
         turn: int,
         text: str,
-        sentences: queue.Queue[tuple[int, str] | None],
+        say: Callable[[int, str], None],
         cancel: threading.Event,
         gate: ReplyGate,
     ) -> Reply:
-        """Stream the reply into ``sentences``; unconfirmed, it pauses after the first sentence."""
+        """Stream the reply's sentences to ``say``; unconfirmed, it pauses after the first one."""
         if not gate.confirmed.is_set():
             self.emit(SpeculationStarted(turn, time.monotonic_ns(), "llm"))
         reply = self.dialogue.ask(text, cancel, held=True)
         splitter = self.make_splitter()
         try:
-            self._stream_reply(turn, reply, sentences, cancel, gate, splitter)
+            self._stream_reply(turn, reply, say, cancel, gate, splitter)
         except ServerUnavailable as e:  # --llm-server: the text so far is kept, the next turn reconnects
             logger.warning("turn %d: %s", turn, e)
             self._server_lost.add(turn)
@@ -289,12 +261,12 @@ class VoicePipeline:
         self,
         turn: int,
         reply: Reply,
-        sentences: queue.Queue[tuple[int, str] | None],
+        say: Callable[[int, str], None],
         cancel: threading.Event,
         gate: ReplyGate,
         splitter: Splits,
     ) -> None:
-        """Feed the reply's tokens to the splitter and its sentences to ``sentences``."""
+        """Feed the reply's tokens to the splitter and its sentences to ``say``."""
         index = 0
         submitted = False
         for chunk in reply:
@@ -308,7 +280,7 @@ class VoicePipeline:
                 self.emit(TokenGenerated(turn, chunk.t_ns, chunk.index, chunk.text))
             for sentence in splitter.push(chunk.text):
                 self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
-                sentences.put((index, sentence))
+                say(index, sentence)
                 index += 1
             # Speculating: one sentence ready to play is enough until the user is done.
             if index and not gate.wait(cancel):
@@ -319,58 +291,8 @@ class VoicePipeline:
         if not cancel.is_set() and not gate.discarded:
             for sentence in splitter.flush():
                 self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
-                sentences.put((index, sentence))
+                say(index, sentence)
                 index += 1
-
-    def _speak(
-        self,
-        turn: int,
-        sentences: queue.Queue[tuple[int, str] | None],
-        sink: AudioSink,
-        cancel: threading.Event,
-        gate: ReplyGate,
-        spoken: list[tuple[str, int, int]],
-        failures: tuple[list[str], list[int]],
-    ) -> None:
-        """Render and play each sentence; a lost sink goes into ``failures`` (why, loss count)."""
-        lost, losses = failures
-        offset = 0
-        while (item := sentences.get()) is not None:
-            if cancel.is_set() or gate.discarded or lost:
-                continue  # drain without speaking
-            index, sentence = item
-            assert self.synthesizer is not None  # _answer speaks only with one
-            played = 0
-            # Each piece plays as soon as it is rendered (Piper: one per sentence it finds),
-            # while the next is rendered; a cancelled reply renders no further piece.
-            for part, audio in enumerate(self.synthesizer.stream(sentence)):
-                ms = 1000 * audio.size / SAMPLE_RATE_HZ
-                self.emit(AudioReady(turn, time.monotonic_ns(), index, ms, part))
-                if not gate.wait(cancel) or cancel.is_set() or not gate.may_play():
-                    break
-                if not losses:
-                    losses.append(getattr(sink, "losses", 0))
-                try:
-                    sink.play(turn, audio)
-                except DeviceLostError as e:
-                    lost.append(str(e))
-                    break
-                played += audio.size
-            if played:
-                spoken.append((sentence, offset, played))
-                offset += played
-
-    @staticmethod
-    def _heard(spoken: list[tuple[str, int, int]], played_samples: int) -> str:
-        """The reply as far as it was played; a partly played sentence keeps its played words."""
-        words: list[str] = []
-        for sentence, start, size in spoken:
-            if played_samples >= start + size:
-                words.append(sentence)
-            elif played_samples > start:
-                parts = sentence.split()
-                words.append(" ".join(parts[: int(len(parts) * (played_samples - start) / size)]))
-        return " ".join(w for w in words if w)
 
     def _snapshot(self) -> list[Event]:
         with self._events_lock:
@@ -398,3 +320,7 @@ class VoicePipeline:
             append_line(self.options.log_path, record.to_json())
         self.emit(TurnDone(turn, time.monotonic_ns(), record))
         return record
+
+
+def _silent(_index: int, _sentence: str) -> None:
+    """Where sentences go when nothing speaks (text only)."""

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from assistant.stages.asr import TranscriptResult
+
 SPEAKER_LOST = "speaker lost"  # TurnCancelled.reason: the reply's text is kept, its audio was cut
 MICROPHONE_LOST = "microphone lost"  # TurnCancelled.reason: the speech in progress was dropped
 # TurnCancelled.reason: the LLM server (--llm-server) failed mid-reply; the text so far is kept
@@ -27,8 +29,8 @@ class Transcribes(Protocol):
 
     description: str
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> object:
-        """Return an object with ``text`` and ``asr_ms``.
+    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+        """The transcript of ``audio``.
 
         ``quick``: greedy, for partials; ``long_form``: a clip of longer speech (timestamps).
         """

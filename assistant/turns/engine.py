@@ -1,0 +1,286 @@
+"""The turn engine: who has the floor, and what each endpointer event does to the turns.
+
+Pure logic: no threads, no devices, no models, no clock. It takes what happened (the
+endpointer's events, the TTS asking to play, a turn's work ending, the microphone lost, a
+typed message, an interrupt) and returns what to do (:class:`Start`, :class:`Confirm`,
+:class:`Discard`, :class:`BargeIn`, :class:`Cancel`, :class:`Emit`). The live loop
+(:mod:`assistant.turns.live`) runs it under one lock and carries the actions out; unit tests
+drive it with scripted timelines.
+
+The rules (docs/voice.md, "Turn taking" and "Speculation"):
+
+- A pause (``SpeechPaused``) starts a speculative run of the turn when ``speculate`` is on
+  and none is running; nothing of it plays until the end of the turn confirms it.
+- The end of the turn (``SpeechEnded``) confirms the speculative run, or starts a confirmed
+  one. A turn cut for length (``cut``) is never answered on its own: a speculative run on it
+  is discarded (``cut for length``) and the cut turn runs only to hold its speech.
+- Speech that comes back (``SpeechResumed``, also after the endpoint) discards the run that
+  has not played yet (``speech resumed``): the user goes on, so the turn goes on. Once the
+  reply's first audio has played it is the assistant's floor: with ``barge_in`` the speech
+  interrupts the reply (:class:`BargeIn`), without it the microphone is not listened to at
+  all while the reply plays (:meth:`TurnEngine.mic_block`), so the assistant does not hear
+  itself.
+- With ``barge_in``, speech starting (``SpeechOnset``/``SpeechStarted``) during a reply
+  interrupts it.
+- The last turn stays open to more speech until its reply plays; after that, the endpointer
+  is sealed so that new speech starts a new turn.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from assistant.events import (
+    Event,
+    SpeculationConfirmed,
+    SpeechEnded,
+    SpeechOnset,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    TurnCancelled,
+)
+from assistant.turns.protocols import MICROPHONE_LOST
+
+SPEECH_RESUMED = "speech resumed"  # SpeculationDiscarded.reason: the user went on
+CUT_FOR_LENGTH = "cut for length"  # SpeculationDiscarded.reason: the turn was cut at max_utterance_s
+
+
+@dataclass(frozen=True)
+class TurnRules:
+    """What the engine is allowed to do.
+
+    ``barge_in``: user speech interrupts a reply being played (headsets). ``speculate``:
+    start the turn's work at a pause. ``partials``: transcribe the utterance in progress every
+    ``partial_interval_ms`` of speech for the live transcript.
+    """
+
+    barge_in: bool = False
+    speculate: bool = True
+    partials: bool = False
+    partial_interval_ms: float = 700.0
+
+
+@dataclass
+class Attempt:
+    """One run of a turn's work; a speculative one may be confirmed or discarded."""
+
+    id: int
+    turn_id: int
+    confirmed: bool
+    discarded: bool = False
+    cancelled: bool = False
+    audio_started: bool = False  # its first piece of audio went to the speaker: the floor is ours
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run ``first`` (an utterance, typed text or recorded speech) as ``attempt``'s turn."""
+
+    attempt: int
+    turn_id: int
+    first: object
+    confirmed: bool
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """The speculative run ``attempt`` is the answer: let it play and enter the history."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Drop ``attempt``'s work unheard (nothing of it played) and stop it."""
+
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    """The user spoke over ``attempt``'s reply: stop generating and playing it now."""
+
+    attempt: int
+    turn_id: int
+    onset_t_ns: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop ``attempt``'s work (the part heard stays in the history)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class StopSpeaker:
+    """Stop what the speaker plays now."""
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Report ``event``."""
+
+    event: Event
+
+
+Action = Start | Confirm | Discard | BargeIn | Cancel | StopSpeaker | Emit
+
+
+class MicBlock(enum.Enum):
+    """What to do with the microphone block just captured (:meth:`TurnEngine.mic_block`)."""
+
+    IGNORE = "ignore"  # closed, or the reply is playing without barge-in
+    RESTART = "restart"  # listening again: reset the endpointer, drain the microphone, skip this block
+    FEED = "feed"  # feed it; the last turn is still open to more speech
+    FEED_SEALED = "feed sealed"  # seal the endpointer first: new speech starts a new turn
+
+
+@dataclass
+class TurnEngine:
+    """The turn-taking state machine (not thread-safe: its owner calls it under one lock)."""
+
+    rules: TurnRules = field(default_factory=TurnRules)
+    attempts: list[Attempt] = field(default_factory=list)  # running, oldest first; the last is the newest
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _gated: bool = False
+    _partial_audio_ms: float = 0.0
+
+    # What the owner asks
+
+    def busy(self) -> bool:
+        """Whether a turn is being worked on or answered."""
+        return bool(self.attempts)
+
+    def speaking(self) -> bool:
+        """Whether a reply is being played (the floor is the assistant's)."""
+        return any(a.audio_started for a in self.attempts)
+
+    # What happened
+
+    def mic_block(self, closed: bool) -> MicBlock:
+        """A block was captured; ``closed``: the user muted or paused the microphone."""
+        newest = self.attempts[-1] if self.attempts else None
+        open_turn = newest is not None and not (newest.discarded or newest.audio_started)
+        if closed or (self.speaking() and not self.rules.barge_in):
+            self._gated = True  # do not listen to ourselves
+            return MicBlock.IGNORE
+        if self._gated:
+            self._gated = False
+            return MicBlock.RESTART
+        return MicBlock.FEED if open_turn else MicBlock.FEED_SEALED
+
+    def handle(self, event: Event, now_ns: int) -> list[Action]:
+        """Start, confirm, discard or interrupt the turn's work for one endpointer event."""
+        newest = self.attempts[-1] if self.attempts else None
+        ours = newest if newest is not None and newest.turn_id == event.turn_id else None
+        if ours is not None and ours.discarded:
+            ours = None
+        if isinstance(event, SpeechResumed):
+            if ours is not None and not ours.audio_started:
+                return self._discard(ours, SPEECH_RESUMED)
+            if ours is not None and self.rules.barge_in:
+                return self._barge_in(ours, event.t_ns)
+        elif isinstance(event, SpeechPaused):
+            if self.rules.speculate and ours is None:
+                return [self._start(event.turn_id, event, confirmed=False)]
+        elif isinstance(event, SpeechEnded):
+            self._partial_audio_ms = 0.0
+            actions: list[Action] = []
+            if event.cut and ours is not None:  # speculation on speech that goes on: drop it
+                actions += self._discard(ours, CUT_FOR_LENGTH)
+                ours = None
+            if ours is not None and not ours.confirmed:
+                ours.confirmed = True
+                actions += [Confirm(ours.id), Emit(SpeculationConfirmed(event.turn_id, now_ns))]
+            elif ours is None:
+                actions.append(self._start(event.turn_id, event, confirmed=True))
+            return actions
+        elif isinstance(event, SpeechOnset | SpeechStarted) and self.rules.barge_in:
+            onset = event.onset_t_ns if isinstance(event, SpeechOnset) else event.t_ns
+            return [
+                action
+                for attempt in self.attempts
+                if attempt.audio_started and not attempt.cancelled
+                for action in self._barge_in(attempt, onset)
+            ]
+        return []
+
+    def claim_audio(self, attempt_id: int) -> bool:
+        """The reply asks to play a piece: the floor is its own unless the user took it back."""
+        attempt = self._find(attempt_id)
+        if attempt is None or attempt.discarded or attempt.cancelled:
+            return False
+        attempt.audio_started = True
+        return True
+
+    def ended(self, attempt_id: int) -> None:
+        """``attempt``'s work finished: it no longer holds the floor or the turn."""
+        self.attempts = [a for a in self.attempts if a.id != attempt_id]
+
+    def submit(self, turn_id: int, first: object) -> Start:
+        """A typed message or a recorded utterance: answered after the turns before it."""
+        return self._start(turn_id, first, confirmed=True)
+
+    def microphone_lost(self, speech_turn: int, held_turns: list[int], now_ns: int) -> list[Action]:
+        """The microphone went away: the speech in progress, and work started on it, is gone.
+
+        ``speech_turn`` is the endpointer's turn in progress (0: none), ``held_turns`` those of
+        the speech held from length cuts, which is dropped too: the rest of that question will
+        not come, and it must not be joined to the next one.
+        """
+        self._partial_audio_ms = 0.0
+        turn = speech_turn or (held_turns[-1] if held_turns else 0)
+        actions: list[Action] = []
+        newest = self.attempts[-1] if self.attempts else None
+        if newest is not None and not newest.confirmed:
+            actions += self._discard(newest, MICROPHONE_LOST)  # speculative: the rest will not come
+            turn = turn or newest.turn_id
+        if turn:
+            actions.append(Emit(TurnCancelled(turn, now_ns, MICROPHONE_LOST)))
+        return actions
+
+    def interrupt(self) -> list[Action]:
+        """Stop the reply being generated or spoken (the part heard stays in the history)."""
+        actions: list[Action] = []
+        for attempt in self.attempts:
+            attempt.cancelled = True
+            actions.append(Cancel(attempt.id))
+        return [*actions, StopSpeaker()]
+
+    def partial_due(self, audio_ms: float, in_speech: bool) -> bool:
+        """Whether to transcribe the utterance in progress (``audio_ms`` long) for the display.
+
+        Only while the user speaks, every ``partial_interval_ms`` of it, and never while the
+        turn's own work runs: that comes first.
+        """
+        if not self.rules.partials or not in_speech:
+            return False
+        if audio_ms - self._partial_audio_ms < self.rules.partial_interval_ms:
+            return False
+        if any(not a.audio_started for a in self.attempts):
+            return False
+        self._partial_audio_ms = audio_ms
+        return True
+
+    # Helpers
+
+    def _start(self, turn_id: int, first: object, confirmed: bool) -> Start:
+        attempt = Attempt(next(self._ids), turn_id, confirmed)
+        self.attempts.append(attempt)
+        return Start(attempt.id, turn_id, first, confirmed)
+
+    def _discard(self, attempt: Attempt, reason: str) -> list[Action]:
+        attempt.discarded = attempt.cancelled = True
+        return [Discard(attempt.id, reason)]
+
+    def _barge_in(self, attempt: Attempt, onset_t_ns: int) -> list[Action]:
+        attempt.cancelled = True
+        return [BargeIn(attempt.id, attempt.turn_id, onset_t_ns), StopSpeaker()]
+
+    def _find(self, attempt_id: int) -> Attempt | None:
+        return next((a for a in self.attempts if a.id == attempt_id), None)

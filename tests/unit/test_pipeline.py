@@ -1,0 +1,332 @@
+"""The voice pipeline's rules with scripted stages: held speech, speculation, what was heard.
+
+The stages are small stand-ins that follow the protocols in :mod:`assistant.turns.protocols`
+(a real :class:`~assistant.stages.dialogue.Dialogue` over a scripted decoder, the real
+sentence splitter); each records what it was asked, so the tests check the order of the work
+as well as its result. Real models and devices are the integration tests' part.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from assistant.config.sections import SplitterOptions
+from assistant.events import (
+    AudioStarted,
+    Event,
+    PartialTranscript,
+    SpeculationDiscarded,
+    SpeechEnded,
+    TranscriptReady,
+    TurnCancelled,
+    TurnDone,
+    TurnHeld,
+)
+from assistant.stages.asr import WINDOW_S, TranscriptResult
+from assistant.stages.devices import DeviceLostError
+from assistant.stages.dialogue import Dialogue
+from assistant.stages.splitter import SentenceSplitter
+from assistant.turns.pipeline import VoicePipeline
+from assistant.turns.protocols import LLM_SERVER_LOST, SPEAKER_LOST, PipelineOptions, ReplyGate
+from engines.base import GenerationOptions, GenerationStats, StopReason, TokenChunk
+from engines.serving.remote import ServerUnavailable
+
+RATE = 16000
+
+
+@dataclass
+class ScriptedAsr:
+    """Hears ``texts`` in turn (the last one repeats); records the audio it was given."""
+
+    texts: list[str]
+    description: str = "scripted-asr"
+    heard: list[tuple[int, bool, bool]] = field(default_factory=list)  # (samples, quick, long_form)
+    gate: threading.Event | None = None  # when set, transcribing waits for it
+
+    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+        if self.gate is not None:
+            self.gate.wait(5)
+        self.heard.append((audio.size, quick, long_form))
+        text = self.texts[min(len(self.heard) - 1, len(self.texts) - 1)]
+        return TranscriptResult(text, 1000 * audio.size / RATE, 5.0, "en", 0.0)
+
+
+class WordTokenizer:
+    """A chat template and tokenizer of whole words (enough for the dialogue's bookkeeping)."""
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool, add_generation_prompt: bool) -> str:
+        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [len(w) for w in text.split()]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return " ".join("x" * i for i in ids)
+
+
+@dataclass
+class ScriptedGeneration:
+    words: list[str]
+    cancel: threading.Event | None
+    fail_after: int | None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def __iter__(self) -> Iterator[TokenChunk]:
+        self.stats.t_submit_ns = time.monotonic_ns()
+        for i, word in enumerate(self.words):
+            if self.cancel is not None and self.cancel.is_set():
+                self.stats.stop_reason = StopReason.CANCELLED
+                return
+            if self.fail_after is not None and i == self.fail_after:
+                raise ServerUnavailable("the LLM server at localhost:8001 stopped answering")
+            text = word if i == 0 else " " + word
+            self.stats.text += text
+            self.stats.generated_tokens += 1
+            yield TokenChunk(i, i + 1, text, time.monotonic_ns())
+        self.stats.stop_reason = StopReason.EOS
+
+
+@dataclass
+class ScriptedDecoder:
+    """Replies ``reply``; ``fail_after``: the served decoder's server goes away after that many words."""
+
+    reply: str
+    fail_after: int | None = None
+    name: str = "scripted"
+    capacity_tokens: int = 4096
+    prompts: list[list[int]] = field(default_factory=list)
+
+    def generate(
+        self, prompt_ids: Sequence[int], options: GenerationOptions, cancel=None
+    ) -> ScriptedGeneration:
+        self.prompts.append(list(prompt_ids))
+        return ScriptedGeneration(self.reply.split(), cancel, self.fail_after)
+
+
+class ScriptedVoice:
+    """Speaks 0.1 s of audio a word, one piece per sentence."""
+
+    description = "scripted-voice"
+
+    def stream(self, text: str) -> Iterator[np.ndarray]:
+        yield np.full(len(text.split()) * RATE // 10, 0.1, np.float32)
+
+
+@dataclass
+class RecordingSink:
+    """A speaker that plays at once; ``heard_samples`` caps what the user heard (an interruption)."""
+
+    heard_samples: int | None = None
+    lose_on_play: int | None = None  # the device is lost at this play call
+    played: list[tuple[int, int]] = field(default_factory=list)  # (turn, samples)
+    first_audio_t_ns: dict[int, int] = field(default_factory=dict)
+    played_samples: dict[int, int] = field(default_factory=dict)
+    losses: int = 0
+    stopped: int = 0
+
+    def play(self, turn_id: int, audio: np.ndarray) -> None:
+        if self.lose_on_play is not None and len(self.played) == self.lose_on_play:
+            raise DeviceLostError("the output device 'spk' stopped working")
+        self.played.append((turn_id, audio.size))
+        self.first_audio_t_ns.setdefault(turn_id, time.monotonic_ns())
+        total = self.played_samples.get(turn_id, 0) + audio.size
+        self.played_samples[turn_id] = (
+            min(total, self.heard_samples) if self.heard_samples is not None else total
+        )
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return True
+
+
+def make(
+    asr: ScriptedAsr, reply: str = "Seven days. That is a week.", **decoder
+) -> tuple[VoicePipeline, list[Event]]:
+    events: list[Event] = []
+    dialogue = Dialogue(ScriptedDecoder(reply, **decoder), WordTokenizer(), "Be brief.", GenerationOptions())
+    pipeline = VoicePipeline(
+        dialogue,
+        asr,
+        ScriptedVoice(),
+        lambda: SentenceSplitter(SplitterOptions()),
+        PipelineOptions(),
+        events.append,
+    )
+    return pipeline, events
+
+
+def speech(turn: int, seconds: float, cut: bool = False) -> SpeechEnded:
+    now = time.monotonic_ns()
+    return SpeechEnded(turn, now, now - 200_000_000, np.full(int(seconds * RATE), 0.2, np.float32), cut=cut)
+
+
+def kinds(events: list[Event], turn: int | None = None) -> list[str]:
+    return [type(e).__name__ for e in events if turn is None or e.turn_id == turn]
+
+
+def test_a_turn_runs_every_stage_in_order_and_leaves_one_exchange_in_the_history():
+    pipeline, events = make(ScriptedAsr(["How many days are in a week?"]))
+    sink = RecordingSink()
+    record = pipeline.run_turn(speech(1, 2.0), sink, threading.Event())
+    assert record is not None and record.transcript == "How many days are in a week?"
+    assert record.reply == "Seven days. That is a week." and not record.cancelled
+    order = kinds(events)
+    for earlier, later in [
+        ("TranscriptReady", "PromptSubmitted"),
+        ("PromptSubmitted", "TokenGenerated"),
+        ("SentenceReady", "AudioReady"),
+        ("AudioReady", "AudioStarted"),
+        ("PlaybackEnded", "TurnDone"),
+    ]:
+        assert order.index(earlier) < order.index(later), order
+    assert [t for t, _ in sink.played] == [1, 1]  # a piece per sentence, played in order
+    (turn,) = pipeline.dialogue.turns
+    assert turn.user == "How many days are in a week?" and turn.assistant == record.reply
+
+
+def test_a_speculative_turn_plays_nothing_until_confirmed():
+    pipeline, events = make(ScriptedAsr(["How many days are in a week?"]))
+    sink, gate, result = RecordingSink(), ReplyGate(confirmed=False), []
+    thread = threading.Thread(
+        target=lambda: result.append(pipeline.run_turn(speech(1, 2.0), sink, threading.Event(), gate)),
+        daemon=True,  # a failed assertion must not leave the test run waiting for it
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while "SentenceReady" not in kinds(events) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert "SentenceReady" in kinds(events) and not sink.played and not pipeline.dialogue.turns
+    assert kinds(events).count("SentenceReady") == 1  # held after its first chunk
+    gate.confirm()
+    thread.join(5)
+    assert result[0] is not None and sink.played and len(pipeline.dialogue.turns) == 1
+
+
+def test_a_discarded_speculation_leaves_no_record_no_audio_and_no_history():
+    pipeline, events = make(ScriptedAsr(["I would like to know"]))
+    sink, gate, result = RecordingSink(), ReplyGate(confirmed=False), []
+    cancel = threading.Event()
+    thread = threading.Thread(
+        target=lambda: result.append(pipeline.run_turn(speech(1, 1.0), sink, cancel, gate)),
+        daemon=True,  # a failed assertion must not leave the test run waiting for it
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while "SentenceReady" not in kinds(events) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not sink.played  # speculative: held before playing
+    gate.discard("speech resumed")
+    cancel.set()
+    thread.join(5)
+    assert result == [None] and not sink.played and not pipeline.dialogue.turns and not pipeline.records
+    (discarded,) = [e for e in events if isinstance(e, SpeculationDiscarded)]
+    assert discarded.reason == "speech resumed" and discarded.work_ms > 0
+    assert "TurnDone" not in kinds(events)
+
+
+def test_speech_cut_for_length_is_held_then_answered_with_the_rest_as_one_question():
+    asr = ScriptedAsr(["the first part and the rest"])
+    pipeline, events = make(asr)
+    sink = RecordingSink()
+    assert pipeline.run_turn(speech(1, 20.0, cut=True), sink, threading.Event()) is None
+    (held,) = [e for e in events if isinstance(e, TurnHeld)]
+    assert (
+        held.turn_id == 1 and held.pending_ms == pytest.approx(20_000) and not asr.heard
+    )  # under a window: not yet
+    record = pipeline.run_turn(speech(2, 3.0), sink, threading.Event())
+    assert asr.heard == [(23 * RATE, False, True)]  # both parts in one transcription, long-form
+    (ready,) = [e for e in events if isinstance(e, TranscriptReady)]
+    assert (
+        ready.held_turns == (1,) and record is not None and record.transcript == "the first part and the rest"
+    )
+    assert [t for t, _ in sink.played] == [2, 2] and len(pipeline.dialogue.turns) == 1
+
+
+def test_held_speech_past_a_window_is_transcribed_while_the_user_still_speaks():
+    asr = ScriptedAsr(["clip one", "clip two"])
+    pipeline, events = make(asr)
+    pipeline.run_turn(speech(1, 20.0, cut=True), RecordingSink(), threading.Event())
+    pipeline.run_turn(speech(2, 20.0, cut=True), RecordingSink(), threading.Event())
+    assert len(asr.heard) == 1 and asr.heard[0][0] <= WINDOW_S * RATE  # the first clip, final now
+    held = [e for e in events if isinstance(e, TurnHeld)]
+    assert held[-1].text == "clip one" and held[-1].pending_ms < 20_000
+    assert pipeline.drop_held() == [1, 2] and pipeline.drop_held() == []
+
+
+def test_an_interrupted_reply_keeps_only_the_words_that_were_played():
+    pipeline, events = make(
+        ScriptedAsr(["How many days are in a week?"]), reply="Seven days make one whole week."
+    )
+    sink = RecordingSink(heard_samples=3 * RATE // 10)  # three words' worth of audio
+    cancel = threading.Event()
+
+    original_play = sink.play
+
+    def play(turn_id: int, audio: np.ndarray) -> None:
+        original_play(turn_id, audio)
+        cancel.set()  # the user barged in while the first piece played
+
+    sink.play = play  # type: ignore[method-assign]
+    record = pipeline.run_turn(speech(1, 2.0), sink, cancel)
+    (cancelled,) = [e for e in events if isinstance(e, TurnCancelled)]
+    assert cancelled.reason == "interrupted" and cancelled.heard_text == "Seven days make"
+    assert pipeline.dialogue.turns[-1].assistant == "Seven days make" and sink.stopped
+    assert record is not None and record.cancelled == "interrupted"
+
+
+def test_no_words_recognised_cancels_the_turn_without_asking_the_llm():
+    pipeline, events = make(ScriptedAsr([""]))
+    record = pipeline.run_turn(speech(1, 1.0), RecordingSink(), threading.Event())
+    assert record is not None and record.cancelled == "no words recognised"
+    assert not pipeline.dialogue.decoder.prompts and "TurnDone" in kinds(events)
+
+
+def test_a_lost_llm_server_keeps_the_text_so_far_and_says_so():
+    pipeline, events = make(
+        ScriptedAsr(["Tell me about weeks."]), reply="A week has seven days.", fail_after=3
+    )
+    record = pipeline.run_turn(speech(1, 2.0), RecordingSink(), threading.Event())
+    (cancelled,) = [e for e in events if isinstance(e, TurnCancelled)]
+    assert cancelled.reason == LLM_SERVER_LOST and cancelled.heard_text == "A week has"
+    assert record is not None and record.reply == "A week has"
+
+
+def test_a_lost_speaker_cuts_the_audio_but_keeps_the_reply_text():
+    pipeline, events = make(ScriptedAsr(["How many days are in a week?"]))
+    sink = RecordingSink(lose_on_play=1)  # the second sentence finds the device gone
+    record = pipeline.run_turn(speech(1, 2.0), sink, threading.Event())
+    (cancelled,) = [e for e in events if isinstance(e, TurnCancelled)]
+    assert cancelled.reason == SPEAKER_LOST and cancelled.heard_text == "Seven days. That is a week."
+    assert len(sink.played) == 1 and sink.stopped and record is not None
+    assert any(isinstance(e, AudioStarted) for e in events)
+
+
+def test_a_partial_transcript_is_skipped_while_the_turn_transcribes_and_dropped_once_stale():
+    asr = ScriptedAsr(["how many", "how many days"])
+    pipeline, events = make(asr)
+    pipeline.partial_transcript(1, np.zeros(RATE, np.float32))
+    assert [e.text for e in events if isinstance(e, PartialTranscript)] == ["how many"]
+    with pipeline.asr_lock:  # the turn's own ASR holds the model
+        pipeline.partial_transcript(1, np.zeros(RATE, np.float32))
+    assert len(asr.heard) == 1
+    pipeline._transcribing.add(1)  # the turn's own ASR began: a partial finishing now is stale
+    pipeline.partial_transcript(1, np.zeros(RATE, np.float32))
+    assert len([e for e in events if isinstance(e, PartialTranscript)]) == 1
+
+
+def test_a_typed_turn_has_no_speech_stages_and_is_spoken_when_a_sink_is_given():
+    pipeline, events = make(ScriptedAsr(["unused"]))
+    sink = RecordingSink()
+    record = pipeline.run_text_turn(1, "  hello there ", sink, threading.Event())
+    assert record.transcript == "hello there" and sink.played
+    assert record.metrics["asr_ms"] is None and record.metrics["voice_to_voice_ms"] is None
+    assert any(isinstance(e, TurnDone) for e in events) and "SpeechPaused" not in kinds(events)

@@ -1,0 +1,310 @@
+"""The turn engine's rules, driven by scripted timelines: milliseconds, no threads, no devices.
+
+A timeline is speech and silence in 32 ms chunks. A scripted VAD calls a chunk speech when it
+is loud, a scripted Smart Turn answers the probabilities it is given, and the real
+:class:`~assistant.stages.vad.Endpointer` and :class:`~assistant.stages.endpoint.SmartTurnPolicy`
+turn them into events for the real :class:`~assistant.turns.engine.TurnEngine`, called the way
+the live loop calls it (:meth:`mic_block` for every block, :meth:`handle` for every event).
+The test plays the other threads' part at scripted times: the reply's first audio
+(``claim_audio``), its work ending (``ended``), the microphone lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from assistant.config.sections import TurnOptions, VadOptions
+from assistant.events import (
+    Event,
+    SpeculationConfirmed,
+    SpeechEnded,
+    SpeechOnset,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    TurnCancelled,
+    TurnDecision,
+)
+from assistant.stages.endpoint import SmartTurnPolicy
+from assistant.stages.smart_turn import TurnScore
+from assistant.stages.vad import CHUNK_MS, CHUNK_NS, CHUNK_SAMPLES, Endpointer
+from assistant.turns.engine import (
+    CUT_FOR_LENGTH,
+    SPEECH_RESUMED,
+    Action,
+    BargeIn,
+    Cancel,
+    Confirm,
+    Discard,
+    Emit,
+    MicBlock,
+    Start,
+    StopSpeaker,
+    TurnEngine,
+    TurnRules,
+)
+from assistant.turns.protocols import MICROPHONE_LOST
+
+LOUD, QUIET = 0.5, 0.0
+
+
+class LoudnessVad:
+    """A VAD that calls a chunk speech when it is loud (the timeline writes loud speech)."""
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        return 1.0 if float(np.abs(chunk).max()) > 0.1 else 0.0
+
+    def reset(self) -> None:
+        """Nothing to forget."""
+
+
+@dataclass
+class ScriptedTurnModel:
+    """Smart Turn's stand-in: answers the next scripted probability (the last one repeats)."""
+
+    probabilities: list[float]
+    inference_ms: float = 50.0
+    scored: list[float] = field(default_factory=list)  # audio seconds of each call
+
+    def score(self, audio: np.ndarray) -> TurnScore:
+        self.scored.append(audio.size / 16000)
+        p = self.probabilities[min(len(self.scored) - 1, len(self.probabilities) - 1)]
+        return TurnScore(p, self.inference_ms)
+
+
+@dataclass
+class Script:
+    """Runs a timeline through the endpointer and the engine; records what happened when."""
+
+    rules: TurnRules = field(default_factory=TurnRules)
+    probabilities: list[float] = field(default_factory=lambda: [0.9])
+    vad: VadOptions = field(default_factory=VadOptions)
+    turn: TurnOptions = field(default_factory=TurnOptions)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.model = ScriptedTurnModel(self.probabilities)
+        policy = SmartTurnPolicy(self.model, self.turn)  # type: ignore[arg-type]
+        self.endpointer = Endpointer(self.vad, LoudnessVad(), policy, self.turn.speculate_after_ms)  # type: ignore[arg-type]
+        self.engine = TurnEngine(self.rules)
+        self.t_ns = 0
+        self.events: list[Event] = []
+        self.actions: list[tuple[int, Action]] = []  # (ms, action)
+        self.blocks: list[MicBlock] = []
+        self.at: dict[int, Callable[[], None]] = {}  # chunk index -> what another thread does then
+
+    @property
+    def ms(self) -> int:
+        return self.t_ns // 1_000_000
+
+    def _apply(self, actions: list[Action]) -> None:
+        self.actions += [(self.ms, a) for a in actions]
+
+    def speak(self, ms: float) -> Script:
+        return self._play(ms, LOUD)
+
+    def pause(self, ms: float) -> Script:
+        return self._play(ms, QUIET)
+
+    def _play(self, ms: float, level: float) -> Script:
+        for _ in range(round(ms / CHUNK_MS)):
+            self.t_ns += CHUNK_NS
+            decision = self.engine.mic_block(self.closed)
+            self.blocks.append(decision)
+            if decision is MicBlock.IGNORE:
+                continue
+            if decision is MicBlock.RESTART:
+                self.endpointer.reset()
+                continue
+            if decision is MicBlock.FEED_SEALED:
+                self.endpointer.seal()
+            for event in self.endpointer.feed(np.full(CHUNK_SAMPLES, level, np.float32), self.t_ns):
+                self.events.append(event)
+                self._apply(self.engine.handle(event, self.t_ns))
+        return self
+
+    # What the other threads do
+
+    def plays(self, attempt: int) -> bool:
+        """The reply's TTS thread asks to play its first piece."""
+        return self.engine.claim_audio(attempt)
+
+    def ends(self, attempt: int) -> None:
+        """The attempt's thread returns."""
+        self.engine.ended(attempt)
+
+    # Reading the result
+
+    def of(self, kind: type) -> list:
+        return [a for _, a in self.actions if isinstance(a, kind)]
+
+    def event_kinds(self) -> list[str]:
+        return [type(e).__name__ for e in self.events]
+
+    def when(self, kind: type) -> list[int]:
+        return [ms for ms, a in self.actions if isinstance(a, kind)]
+
+
+def test_a_finished_question_is_speculated_at_the_pause_and_confirmed_at_the_first_score():
+    s = Script(probabilities=[0.9]).speak(1000).pause(600)
+    (start,) = s.of(Start)
+    assert not start.confirmed and isinstance(start.first, SpeechPaused)
+    assert s.of(Confirm) == [Confirm(start.attempt)]
+    (decision,) = [e for e in s.events if isinstance(e, TurnDecision)]
+    assert decision.reason == "model" and decision.silence_ms == pytest.approx(
+        224, abs=1
+    )  # first chunk >= 200 ms
+    (ended,) = [e for e in s.events if isinstance(e, SpeechEnded)]
+    assert (ended.t_ns - ended.speech_end_t_ns) / 1e6 == pytest.approx(224 + 50, abs=1)  # pause + inference
+    assert any(isinstance(a, Emit) and isinstance(a.event, SpeculationConfirmed) for _, a in s.actions)
+    assert s.when(Start)[0] < s.when(Confirm)[0]  # the work began inside the silence wait
+
+
+def test_a_mid_sentence_pause_waits_and_the_speech_that_comes_back_discards_the_speculation():
+    s = Script(probabilities=[0.1, 0.9]).speak(800).pause(400).speak(800).pause(600)
+    starts, discards = s.of(Start), s.of(Discard)
+    assert [st.turn_id for st in starts] == [1, 1]  # one turn: both halves
+    assert discards == [Discard(starts[0].attempt, SPEECH_RESUMED)]
+    assert s.of(Confirm) == [Confirm(starts[1].attempt)]
+    assert s.event_kinds().count("SpeechEnded") == 1
+    # The second look covered both halves of the utterance, not only the last one.
+    assert s.model.scored[-1] > 1.5
+
+
+def test_without_speculation_nothing_starts_before_the_end_of_the_turn():
+    s = Script(rules=TurnRules(speculate=False), probabilities=[0.9]).speak(1000).pause(600)
+    (start,) = s.of(Start)
+    assert start.confirmed and isinstance(start.first, SpeechEnded) and not s.of(Confirm)
+
+
+def test_an_unsure_model_ends_the_turn_at_the_silence_cap_not_before():
+    s = Script(probabilities=[0.2]).speak(1000).pause(1500)
+    decisions = [e for e in s.events if isinstance(e, TurnDecision)]
+    assert [d.reason for d in decisions] == ["model", "model", "model", "model", "max silence"]
+    assert [round(d.silence_ms) for d in decisions[:2]] == [224, 544]  # scored again every 300 ms
+    assert decisions[-1].complete and decisions[-1].silence_ms >= 1200
+    assert len(s.of(Confirm)) == 1  # the speculative run, confirmed at the cap
+
+
+def test_speech_after_the_endpoint_but_before_the_reply_rejoins_the_turn():
+    s = Script().speak(1000).pause(400)  # ended and confirmed; the reply has not played
+    first = s.of(Start)[0]
+    s.speak(600).pause(600)
+    resumed = [e for e in s.events if isinstance(e, SpeechResumed)]
+    assert resumed and resumed[0].after_endpoint and resumed[0].turn_id == 1
+    assert Discard(first.attempt, SPEECH_RESUMED) in s.of(Discard)
+    assert [st.turn_id for st in s.of(Start)] == [1, 1]  # answered once, as one turn
+    assert not s.plays(first.attempt)  # the discarded reply may not play
+
+
+def test_once_the_reply_plays_the_microphone_is_not_heard_and_new_speech_is_a_new_turn():
+    s = Script().speak(1000).pause(400)
+    first = s.of(Start)[0]
+    assert s.plays(first.attempt)
+    heard = len(s.events)
+    s.speak(600)  # the assistant's own voice, heard through the speakers
+    assert set(s.blocks[-19:]) == {MicBlock.IGNORE} and len(s.events) == heard
+    s.ends(first.attempt)
+    s.pause(64).speak(600).pause(600)
+    assert MicBlock.RESTART in s.blocks and s.blocks[-1] is MicBlock.FEED
+    assert [st.turn_id for st in s.of(Start)][-1] == 2 and not s.of(Discard) and not s.of(BargeIn)
+
+
+def test_with_barge_in_speech_over_the_reply_stops_it_and_becomes_the_next_turn():
+    s = Script(rules=TurnRules(barge_in=True)).speak(1000).pause(400)
+    first = s.of(Start)[0]
+    assert s.plays(first.attempt)
+    s.speak(200)
+    (barge,) = s.of(BargeIn)
+    onset = next(e for e in s.events if isinstance(e, SpeechOnset) and e.turn_id == 2)
+    assert barge == BargeIn(first.attempt, 1, onset.onset_t_ns)
+    assert s.when(BargeIn)[0] - onset.onset_t_ns / 1e6 <= 200  # within 200 ms of the first speech
+    assert s.of(StopSpeaker) and not s.plays(first.attempt)  # no further piece plays
+    s.ends(first.attempt)
+    s.speak(400).pause(600)
+    assert s.of(Start)[-1].turn_id == 2
+
+
+@pytest.mark.parametrize("barge_in", [False, True])
+def test_speech_rejoining_a_turn_whose_reply_just_started_playing_never_discards_it(barge_in):
+    """The race the floor lock decides: the block was fed as the open turn's, then the reply played."""
+    engine = TurnEngine(TurnRules(barge_in=barge_in))
+    (start,) = engine.handle(SpeechEnded(1, 10, 5), now_ns=10)
+    assert isinstance(start, Start) and engine.claim_audio(start.attempt)
+    actions = engine.handle(SpeechResumed(1, 20, after_endpoint=True), now_ns=20)
+    assert not [a for a in actions if isinstance(a, Discard)]  # what played stays played
+    assert actions == ([BargeIn(start.attempt, 1, 20), StopSpeaker()] if barge_in else [])
+
+
+def test_a_turn_cut_for_length_drops_its_speculation_and_is_only_held():
+    vad = VadOptions(max_utterance_s=3.0, cut_search_ms=0)
+    s = Script(vad=vad, probabilities=[0.1]).speak(2700).pause(600).speak(1000).pause(1500)
+    ended = [e for e in s.events if isinstance(e, SpeechEnded)]
+    assert [e.cut for e in ended] == [True, False] and ended[1].after_cut
+    assert isinstance(s.of(Start)[0].first, SpeechPaused)  # speculating when the cut came
+    spec = s.of(Start)[0]
+    assert Discard(spec.attempt, CUT_FOR_LENGTH) in s.of(Discard)
+    cut_run = next(st for st in s.of(Start) if isinstance(st.first, SpeechEnded) and st.first.cut)
+    assert cut_run.confirmed and cut_run.turn_id == 1  # runs only to hold the speech (the pipeline's part)
+    assert s.of(Start)[-1].turn_id == 2
+
+
+def test_a_lost_microphone_drops_the_speculation_and_cancels_the_turn():
+    s = Script(probabilities=[0.1]).speak(1000).pause(300)
+    spec = s.of(Start)[0]
+    actions = s.engine.microphone_lost(speech_turn=1, held_turns=[], now_ns=s.t_ns)
+    assert actions[0] == Discard(spec.attempt, MICROPHONE_LOST)
+    assert isinstance(actions[1], Emit) and actions[1].event == TurnCancelled(1, s.t_ns, MICROPHONE_LOST)
+
+
+def test_a_lost_microphone_with_only_held_speech_cancels_the_held_turn():
+    engine = TurnEngine()
+    (action,) = engine.microphone_lost(speech_turn=0, held_turns=[3, 4], now_ns=7)
+    assert action == Emit(TurnCancelled(4, 7, MICROPHONE_LOST))
+    assert TurnEngine().microphone_lost(0, [], 7) == []
+
+
+def test_a_closed_microphone_is_ignored_and_listening_again_restarts_the_endpointer():
+    s = Script(closed=True).speak(500)
+    assert set(s.blocks) == {MicBlock.IGNORE} and not s.events
+    s.closed = False
+    s.speak(64)
+    assert s.blocks[-2] is MicBlock.RESTART and s.blocks[-1] is MicBlock.FEED_SEALED
+
+
+def test_partials_come_every_interval_while_speaking_and_never_during_the_turns_work():
+    engine = TurnEngine(TurnRules(partials=True, partial_interval_ms=700))
+    assert [engine.partial_due(ms, True) for ms in (300, 700, 1000, 1400, 1500)] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert not engine.partial_due(3000, in_speech=False)
+    engine.submit(1, "hello")
+    assert not engine.partial_due(5000, True)  # the turn's own work comes first
+    assert not TurnEngine(TurnRules(partials=False)).partial_due(5000, True)
+
+
+def test_typed_turns_are_confirmed_and_interrupt_cancels_every_run_and_the_speaker():
+    engine = TurnEngine()
+    a, b = engine.submit(1, "hi"), engine.submit(2, "there")
+    assert a.confirmed and b.confirmed and a.attempt != b.attempt and engine.busy()
+    assert engine.interrupt() == [Cancel(a.attempt), Cancel(b.attempt), StopSpeaker()]
+    assert not engine.claim_audio(a.attempt)
+    engine.ended(a.attempt)
+    engine.ended(b.attempt)
+    assert not engine.busy() and not engine.speaking()
+
+
+def test_speech_started_does_not_interrupt_without_barge_in():
+    engine = TurnEngine()
+    start = engine.submit(1, "hi")
+    assert engine.claim_audio(start.attempt) and engine.speaking()
+    assert engine.handle(SpeechStarted(2, 5), 6) == []
+    assert engine.handle(SpeechOnset(2, 5, 4), 6) == []
