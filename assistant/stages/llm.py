@@ -18,11 +18,12 @@ from engines.progress import EngineProgress, ProgressCallback, emit
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
 from models.config import DecoderConfig
-from models.weights import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir
-from store.bundled import BUNDLED, ModelStore, repair_hint
+from models.files import FETCH_HINT, CorruptModel, ModelNotFound
+from store.bundled import BUNDLED, ModelStore
 from store.gguf_import import convert_into_store, find_gguf, stored_gguf_dir
 from store.hub import PREFIX as HUB_PREFIX
 from store.hub import hub_model_dir, parse_hub_name
+from store.records import check_model, repair_hint, repair_hints
 
 if TYPE_CHECKING:
     from engines.selection import Probe
@@ -56,10 +57,10 @@ def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None =
     if gguf is not None or local.suffix.lower() == ".gguf":
         return _gguf_dir(gguf or local, store, progress)
     if local.is_dir():
-        check_model_dir(local)
+        check_model(local)
         return local
     if store.is_present(name):
-        check_model_dir(store.path(name))  # also the cheap check of the recorded files
+        check_model(store.path(name))  # also the cheap check of the recorded files
         return store.path(name)
     if name in BUNDLED:
         raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
@@ -191,6 +192,21 @@ def load_llm(
         notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
     """
     model_dir = resolve_llm_dir(models, progress)
+    with repair_hints(model_dir):  # models/ names the damaged file; the store adds the fix
+        return _load_llm(model_dir, models, decoder, engine, gate, progress, cancel, notice)
+
+
+def _load_llm(
+    model_dir: Path,
+    models: ModelSettings,
+    decoder: DecoderSettings,
+    engine: EngineOptions | None,
+    gate: GateOptions | None,
+    progress: ProgressCallback | None,
+    cancel: threading.Event | None,
+    notice: Callable[[str], None] | None,
+) -> tuple[DecoderDriver, Any]:
+    """:func:`load_llm` for the resolved ``model_dir``."""
     config = DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
     tokenizer = load_tokenizer(model_dir)
     if decoder.server:
