@@ -121,9 +121,11 @@ def _chat(settings: Settings) -> int:
 def _serve(settings: Settings) -> int:
     from assistant.modes.serve import run_server, serve_options
     from assistant.stages.llm import resolve_llm_dir
+    from store.records import repair_hints
 
     model_dir = resolve_llm_dir(settings.models)
-    return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
+    with repair_hints(model_dir):  # a damaged model's error names the fix (models/ does not)
+        return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
 
 
 def _devices() -> int:

@@ -212,6 +212,7 @@ def build_session(
             raise LoadCancelled(f"cancelled while {text}")
         progress(text, fraction)
 
+    store = ModelStore(settings.models.store_dir)  # one for the ASR, turn and TTS models
     mic = speaker = decoder = None
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
@@ -238,7 +239,7 @@ def build_session(
         transcriber = None
         if asr or (asr is None and mic is not None):
             step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
+            transcriber = Transcriber(settings.asr, store)
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()
@@ -246,14 +247,11 @@ def build_session(
             step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
             step(f"loading the turn detector ({settings.turn.detection})", 0.85)
-            policy, notice = end_of_turn_policy(
-                settings.turn, settings.vad, ModelStore(settings.models.store_dir)
-            )
+            policy, notice = end_of_turn_policy(settings.turn, settings.vad, store)
             if notice:
                 notices.append(notice)
         if tts or (tts is None and speaker is not None):
             step(f"starting TTS ({settings.tts.engine})", 0.9)
-            store = ModelStore(settings.models.store_dir)
             synthesizer = open_synthesizer(settings.tts, store, notices.append)  # Piper: else pyttsx3
         step("ready", 1.0)
     except BaseException as e:

@@ -57,9 +57,15 @@ def _check_finite(path: Path, shard: dict[str, torch.Tensor]) -> None:
 
 
 def load_decoder(
-    model_dir: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    model_dir: Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    config: DecoderConfig | None = None,
 ) -> Decoder:
     """Build the decoder described by ``model_dir/config.json`` and load its weights.
+
+    ``config``: the folder's, when the caller read it already (else read here).
 
     Raises:
         ModelNotFound: The folder, its config or its weights are missing.
@@ -69,7 +75,7 @@ def load_decoder(
         InvalidConfig: ``config.json`` lacks a setting or is not JSON.
     """
     check_model_dir(model_dir)
-    config = DecoderConfig.from_dir(model_dir)
+    config = config or DecoderConfig.from_dir(model_dir)
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(model_dir):
         try:
