@@ -16,15 +16,14 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from models.config import InvalidConfig
 from models.files import FETCH_HINT, CorruptModel, check_model_dir
+from store.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -111,23 +110,15 @@ class HashMemo:
         return digest
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` whole or not at all (a hidden file, renamed over it).
+def write_json_atomic(path: Path, data: Any, *, indent: int = 1, sort_keys: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` whole or not at all (:func:`store.files.atomic_write`).
 
     Raises:
         OSError: The folder cannot be written.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        f.write((json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n").encode())
 
 
 def publish_folder(staged: Path, target: Path, *, record: tuple[str, Any] | None = None) -> None:

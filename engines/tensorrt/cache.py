@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.cache_lock import LOCKS_DIR, EntryLock, staging_dir, sweep_staging
-from store.records import HashMemo, publish_folder
+from store.files import atomic_write
+from store.records import HashMemo, publish_folder, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +182,7 @@ def write_failure(folder: Path, reason: str) -> None:
     """Record that building the engine of ``folder`` failed (written atomically)."""
     folder.mkdir(parents=True, exist_ok=True)
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    tmp = folder / f".{FAILED_FILE}.tmp"
-    tmp.write_text(json.dumps({"reason": reason, "failed_at": when}, indent=2) + "\n")
-    tmp.replace(folder / FAILED_FILE)
+    write_json_atomic(folder / FAILED_FILE, {"reason": reason, "failed_at": when}, indent=2, sort_keys=False)
 
 
 def check_entry(folder: Path, expected: dict[str, Any] | None = None, *, full: bool = False) -> str | None:
@@ -241,9 +240,7 @@ def write_entry(folder: Path, engine: memoryview | bytes, record: dict[str, Any]
 def update_record(folder: Path, **fields: Any) -> dict[str, Any]:
     """Merge ``fields`` into an entry's record (atomically: write, then rename)."""
     record = {**read_record(folder), **fields}
-    tmp = folder / f".{RECORD_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(folder / RECORD_FILE)
+    write_json_atomic(folder / RECORD_FILE, record, indent=2)
     return record
 
 
@@ -356,8 +353,7 @@ def save_blob(path: Path, payload: bytes, tag: str) -> None:
     header = json.dumps({"tag": tag, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(BLOB_MAGIC + header.encode() + b"\n" + payload)
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            f.write(BLOB_MAGIC + header.encode() + b"\n" + payload)
     except OSError as e:
         logger.warning("cannot save %s: %s", path, e)
