@@ -76,3 +76,30 @@ def test_commands_that_need_no_torch_do_not_import_it(command, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.rstrip().endswith("torch imported: False"), out.stdout[-500:] + out.stderr
+
+
+@pytest.mark.slow
+def test_a_start_parses_config_json_and_tokenizer_json_once(model_dir, monkeypatch):
+    from assistant.config import DecoderSettings, ModelSettings
+    from assistant.stages.llm import load_llm
+    from models.config import DecoderConfig
+
+    configs: list[Path] = []
+    read: list[str] = []
+    from_dir, read_text = DecoderConfig.from_dir.__func__, Path.read_text
+
+    def counted_from_dir(cls, folder: Path):  # noqa: ANN001, ANN202
+        configs.append(folder)
+        return from_dir(cls, folder)
+
+    def counted_read_text(self: Path, *args, **kwargs):  # noqa: ANN202
+        read.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecoderConfig, "from_dir", classmethod(counted_from_dir))
+    monkeypatch.setattr(Path, "read_text", counted_read_text)
+    settings = ModelSettings(store_dir=model_dir.parents[1], llm=model_dir.name)
+    decoder, _tokenizer = load_llm(settings, DecoderSettings(backend="pytorch", threads=2))
+    decoder.close()
+    assert configs == [model_dir]  # resolved once; the backend and load_decoder get the parsed config
+    assert "tokenizer.json" not in read  # only the tokenizer library parses it (no shape pre-check)
