@@ -212,7 +212,7 @@ def build_session(
             raise LoadCancelled(f"cancelled while {text}")
         progress(text, fraction)
 
-    store = ModelStore(settings.models.store_dir)  # one for the ASR, turn and TTS models
+    store = ModelStore(settings.models.store_dir)  # one for every model of the session
     mic = speaker = decoder = None
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
@@ -232,6 +232,7 @@ def build_session(
             progress=_both(EngineSteps(step), engine_events),
             cancel=cancel,
             notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
+            store=store,
         )
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()

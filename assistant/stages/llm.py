@@ -151,6 +151,7 @@ def load_llm(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     notice: Callable[[str], None] | None = None,
+    store: ModelStore | None = None,
 ) -> tuple[DecoderDriver, Any]:
     """Build the configured decoder backend and its tokenizer.
 
@@ -168,8 +169,9 @@ def load_llm(
         progress: Hears of ONNX exports, engine cache hits, build phases and the gate (any thread).
         cancel: Set it to stop a TensorRT engine build at its next step.
         notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
+        store: The start's model store (the caller's, so one is built a start); else made here.
     """
-    store = ModelStore(models.store_dir)
+    store = store or ModelStore(models.store_dir)
     llm = resolve_llm(store, models.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
     with repair_hints(llm.path):  # models/ names the damaged file; the store adds the fix
         return _load_llm(llm, models, decoder, engine, gate, progress, cancel, notice)
