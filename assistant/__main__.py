@@ -88,36 +88,9 @@ def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> int:
-    from store.bundled import BUNDLED, ModelStore
+    from assistant.modes.models import run_models
 
-    store = ModelStore(settings.models.store_dir)
-    # By default the models every run needs; the Piper voice too when it is configured or present.
-    piper = settings.tts.piper_voice if settings.tts.engine == "piper" else ""
-    default = [n for n, m in BUNDLED.items() if not m.optional or n == piper]
-    if args.models_command == "fetch" and args.check:
-        intact = True
-        present = [n for n, m in BUNDLED.items() if m.optional and n not in default and store.is_present(n)]
-        for name in args.names or default + present:
-            ok, line = store.verify(name)
-            intact &= ok
-            print(line)
-        return 0 if intact else 1
-    if args.models_command == "fetch":
-        for name in args.names or default:
-            store.fetch(name, force=args.force)
-        return 0
-    stored = store.list()
-    if not stored:
-        print(f"no models in {store.models_dir}; run 'assistant models fetch'")
-    for m in stored:
-        print(f"{m.name:28} {m.kind:4} {m.size_bytes / 1e6:8.1f} MB  {m.source:28} {m.path}")
-    missing = [n for n in BUNDLED if not store.is_present(n)]
-    if missing:
-        names = [n + (" (optional)" if BUNDLED[n].optional else "") for n in missing]
-        print(f"bundled but not fetched: {', '.join(names)}")
-    if any(BUNDLED[n].kind == "tts" for n in missing):
-        print("the Piper voice is for --tts piper: scripts/setup.sh --piper installs it and piper-tts")
-    return 0
+    return run_models(args, settings)
 
 
 def _chat(settings: Settings) -> int:
@@ -148,9 +121,11 @@ def _chat(settings: Settings) -> int:
 def _serve(settings: Settings) -> int:
     from assistant.modes.serve import run_server, serve_options
     from assistant.stages.llm import resolve_llm_dir
+    from store.records import repair_hints
 
     model_dir = resolve_llm_dir(settings.models)
-    return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
+    with repair_hints(model_dir):  # a damaged model's error names the fix (models/ does not)
+        return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
 
 
 def _devices() -> int:
@@ -291,7 +266,7 @@ def _main(argv: list[str]) -> int:
         return _bench(argv[1:])
     from assistant.config import ConfigError
     from assistant.modes.engine import run_engine
-    from models.weights import CorruptModel, ModelNotFound
+    from models.files import CorruptModel, ModelNotFound
     from store.bundled import FetchError
 
     parser = build_parser()

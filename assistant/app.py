@@ -214,6 +214,7 @@ def build_session(
             raise LoadCancelled(f"cancelled while {text}")
         progress(text, fraction)
 
+    store = ModelStore(settings.models.store_dir)  # one for every model of the session
     mic = speaker = decoder = None
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
@@ -233,6 +234,7 @@ def build_session(
             progress=_both(EngineSteps(step), engine_events),
             cancel=cancel,
             notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
+            store=store,
         )
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()
@@ -240,7 +242,7 @@ def build_session(
         transcriber = None
         if asr or (asr is None and mic is not None):
             step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
+            transcriber = Transcriber(settings.asr, store)
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()
@@ -248,14 +250,11 @@ def build_session(
             step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
             step(f"loading the turn detector ({settings.turn.detection})", 0.85)
-            policy, notice = end_of_turn_policy(
-                settings.turn, settings.vad, ModelStore(settings.models.store_dir)
-            )
+            policy, notice = end_of_turn_policy(settings.turn, settings.vad, store)
             if notice:
                 notices.append(notice)
         if tts or (tts is None and speaker is not None):
             step(f"starting TTS ({settings.tts.engine})", 0.9)
-            store = ModelStore(settings.models.store_dir)
             synthesizer = open_synthesizer(settings.tts, store, notices.append)  # Piper: else pyttsx3
         step("ready", 1.0)
     except BaseException as e:

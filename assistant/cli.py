@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     devices = sub.add_parser("devices", help="list audio input and output devices")
     _common(devices)
-    models = sub.add_parser("models", help="bundled models: fetch, list")
+    models = sub.add_parser("models", help="bundled models: fetch, list, verify")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch = models_sub.add_parser("fetch", help="download and convert the bundled models")
     default = ", ".join(n for n, m in BUNDLED.items() if not m.optional)
@@ -239,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(fetch)
     listing = models_sub.add_parser("list", help="models in the store with sizes")
     _common(listing)
+    verify = models_sub.add_parser(
+        "verify",
+        help="hash every byte of every stored model and cache (ONNX exports, TensorRT engines) "
+        "against its record: a table of OK/DAMAGED with the fix (exit status 1 on damage)",
+    )
+    _common(verify)
     serve = sub.add_parser(
         "serve", help="serve the LLM to many stations: Triton Inference Server, in-flight batching"
     )

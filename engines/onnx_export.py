@@ -27,12 +27,15 @@ Cache layout under the model folder::
 
     onnx/decoder-<dtype>-<key>/decoder.onnx   (+ decoder.onnx.data above 2 GB of weights)
     onnx/decoder-<dtype>-<key>/export.json    sha256 and size of each file; written last
-    onnx/weights.json                         weights hash memo, keyed by file size + mtime
+    onnx/hashes.json                          sha256 memo of the weights and export files,
+                                              keyed by size + mtime (store.records.HashMemo)
 
 ``key`` hashes the weights, the dtype, the opset, :data:`CONTRACT` and the source of the code
 that builds the graph (so a code change never reuses an old export). A folder whose files
 do not match ``export.json`` (truncated, corrupt, interrupted), or whose ``export.json`` is not
-of the expected shape, is exported again. An export holds the entry's lock
+of the expected shape, is exported again. At start a file whose size and mtime are those it
+had when last hashed is taken as hashed (a full re-hash of ~540 MB cost ~3 s a start);
+``assistant models verify`` and a failed load hash every byte. An export holds the entry's lock
 (``engines/cache_lock.py``) from the cache check to the rename; staging folders left by a
 killed export are swept at the next export (and by ``assistant engine clear``).
 """
@@ -51,11 +54,12 @@ from typing import Any
 
 import onnx
 
-import models.decoder
+import models
 from engines.cache_lock import EntryLock, lock_entry, staging_dir, sweep_staging
 from engines.progress import ProgressCallback, emit
 from models.config import DecoderConfig
-from models.weights import check_model_dir
+from models.files import check_model_dir
+from store.records import HashMemo, publish_folder, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ LAST_LOGITS = "last_logits"
 GRAPH_FILE = "decoder.onnx"
 DATA_FILE = "decoder.onnx.data"
 SIDECAR = "export.json"
+HASH_MEMO = "hashes.json"  # in onnx/: sha256s by size and mtime (store.records.HashMemo)
 # Protobuf cannot serialize a message over 2 GiB; keep a margin for the graph itself.
 EXTERNAL_DATA_BYTES = 2**31 - 2**26
 MODEL_CODE = ("config.py", "decoder.py", "layers.py", "rope.py")  # models/ files the graph comes from
@@ -172,41 +177,25 @@ def present_names(num_layers: int) -> list[str]:
     return [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def hash_memo(cache_dir: Path) -> HashMemo:
+    """The sha256 memo of an ONNX cache folder (``<model>/onnx``)."""
+    return HashMemo(cache_dir / HASH_MEMO)
 
 
 def weights_sha256(model_dir: Path) -> str:
-    """sha256 over ``config.json`` and the safetensors files (memoized by size and mtime)."""
+    """sha256 over ``config.json`` and the safetensors files (each memoized by size and mtime)."""
     files = sorted(p for p in model_dir.iterdir() if p.name == "config.json" or ".safetensors" in p.name)
-    stats = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
-    memo = model_dir / "onnx" / "weights.json"
-    try:
-        saved = json.loads(memo.read_text())
-        if saved["files"] == stats:
-            return str(saved["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    memo = hash_memo(model_dir / "onnx")
     digest = hashlib.sha256()
     for p in files:
-        digest.update(f"{p.name}\0{_sha256(p)}\0".encode())
-    sha = digest.hexdigest()
-    try:
-        memo.parent.mkdir(exist_ok=True)
-        memo.write_text(json.dumps({"files": stats, "sha256": sha}) + "\n")
-    except OSError as e:  # a read-only folder only costs re-hashing next time
-        logger.debug("cannot write %s: %s", memo, e)
-    return sha
+        digest.update(f"{p.name}\0{memo.sha256(p)}\0".encode())
+    return digest.hexdigest()
 
 
 def graph_code_sha256() -> str:
     """sha256 of the code that defines the graph, so editing it invalidates cached exports."""
     digest = hashlib.sha256()
-    here, model_code = Path(__file__), Path(models.decoder.__file__).parent
+    here, model_code = Path(__file__), Path(models.__file__).parent  # no torch import
     sources = [here.with_name("onnx_graph.py"), here, *(model_code / f for f in MODEL_CODE)]
     for source in sources:
         digest.update(source.read_bytes())
@@ -220,11 +209,13 @@ def export_folder(model_dir: Path, options: ExportOptions, weights_sha: str) -> 
     return model_dir / "onnx" / f"decoder-{options.dtype}-{key}"
 
 
-def check_export(folder: Path, expected: dict[str, str] | None = None) -> str | None:
+def check_export(folder: Path, expected: dict[str, str] | None = None, *, full: bool = False) -> str | None:
     """Why the export in ``folder`` is unusable, or ``None`` when every file matches its record.
 
     ``export.json`` must be of the expected shape as a whole (:class:`ExportRecord`), list
-    every file of the folder (the graph at least), and carry the ``expected`` metadata.
+    every file of the folder (the graph at least), and carry the ``expected`` metadata. A
+    file is hashed when its size or mtime changed since it was last hashed (the folder's
+    :class:`~store.records.HashMemo`), or always with ``full``.
     """
     try:
         record = ExportRecord.read(folder)
@@ -244,7 +235,7 @@ def check_export(folder: Path, expected: dict[str, str] | None = None) -> str | 
             return f"{path} is missing"
         if path.stat().st_size != size:
             return f"{path} has {path.stat().st_size} bytes, {size} expected (truncated?)"
-        if _sha256(path) != sha:
+        if hash_memo(folder.parent).sha256(path, full=full) != sha:
             return f"{path} does not match its recorded sha256 (corrupt)"
     return None
 
@@ -312,9 +303,7 @@ def _export_locked(
     with staging_dir(folder) as tmp:
         staged = Path(tmp) / "out"
         metadata = _export(model_dir, options, weights_sha, staged)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staged.rename(folder)
+        publish_folder(staged, folder)
     _prune_stale(folder, weights_sha)
     export_s = time.monotonic() - start
     logger.info("exported %s (%s) to %s in %.1f s", model_dir.name, options.dtype, folder, export_s)
@@ -387,7 +376,7 @@ def _export(model_dir: Path, options: ExportOptions, weights_sha: str, out: Path
         onnx.checker.check_model(str(out / GRAPH_FILE))  # a path: works above 2 GB too
     except onnx.checker.ValidationError as e:
         raise ExportError(f"the exported graph fails onnx.checker: {e}") from e
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(out.iterdir())}
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(out.iterdir())}
     (out / SIDECAR).write_text(json.dumps({"files": files, "metadata": metadata}, indent=2) + "\n")
     return metadata
 

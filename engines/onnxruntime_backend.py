@@ -25,6 +25,7 @@ from engines.onnx_export import (
     POSITION_IDS,
     ExportError,
     ExportOptions,
+    check_export,
     export_decoder,
     past_names,
     present_names,
@@ -144,8 +145,12 @@ def load_onnxruntime_decoder(
     tokenizer: Detokenizer,
     options: OnnxRuntimeOptions,
     progress: ProgressCallback | None = None,
+    *,
+    config: DecoderConfig | None = None,
 ) -> DecoderDriver:
     """Export (or reuse the cached export of) the model in ``model_dir`` and run it on the CPU.
+
+    ``config``: the model's, when the caller read it already (else read here).
 
     Raises:
         ExportError: The dtype is not exported, or the export fails or cannot be loaded.
@@ -153,7 +158,7 @@ def load_onnxruntime_decoder(
     """
     if options.dtype not in NUMPY_DTYPES:  # the export's bf16 is for TensorRT only
         raise ExportError(f"onnxruntime backend dtype {options.dtype!r} unsupported; use fp32 or fp16")
-    config = DecoderConfig.from_dir(model_dir)
+    config = config or DecoderConfig.from_dir(model_dir)
     exported = export_decoder(model_dir, ExportOptions(dtype=options.dtype), progress=progress)
     how = "cached" if exported.cache_hit else f"exported in {exported.export_s:.1f} s"
     start = time.monotonic()
@@ -162,8 +167,13 @@ def load_onnxruntime_decoder(
             str(exported.path), session_options(options), providers=["CPUExecutionProvider"]
         )
     except Exception as e:  # onnxruntime raises its own exception types, not exported as a base
+        # The start trusted the files' size and mtime; a failed load hashes every byte, so a
+        # file changed in place is named (and, its memo updated, exported again next start).
+        damage = check_export(exported.path.parent, full=True) if exported.cache_hit else None
         raise ExportError(
-            f"onnxruntime cannot load {exported.path}: {e}; re-export with 'assistant engine export --force'"
+            f"onnxruntime cannot load {exported.path}: {e}"
+            + (f" ({damage})" if damage else "")
+            + "; re-export with 'assistant engine export --force'"
         ) from e
     capacity = min(options.capacity_tokens, config.max_position_embeddings)
     logger.info(

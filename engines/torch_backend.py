@@ -142,17 +142,21 @@ def load_torch_decoder(
     tokenizer: Detokenizer,
     options: TorchBackendOptions,
     progress: ProgressCallback | None = None,
+    *,
+    config: DecoderConfig | None = None,
 ) -> DecoderDriver:
     """Load the model in ``model_dir`` and wrap it in the shared generation driver.
+
+    ``config``: the model's, when the caller read it already (else read here).
 
     ``progress`` hears whether torch.compile's cache had this model's kernels (with ``compile``).
     """
     configure_threads(options.threads)
     device, dtype = resolve_device(options)
-    config = DecoderConfig.from_dir(model_dir)
+    config = config or DecoderConfig.from_dir(model_dir)
     capacity = min(options.capacity_tokens, config.max_position_embeddings)
     graphs = use_cuda_graph(options, device)
-    model = load_decoder(model_dir, dtype=dtype, device=device)
+    model = load_decoder(model_dir, dtype=dtype, device=device, config=config)
     step: StepModel
     status = "eager, nothing to cache"
     if graphs:

@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from store.bundled import repair_hint
-
 # model_type values of config.json this decoder implements (Gemma 3's multimodal "gemma3" loads
 # its text model). Each family is a few explicit fields of DecoderConfig (see _family).
 SUPPORTED_MODEL_TYPES = (
@@ -51,13 +49,13 @@ def _token_ids(value: Any, key: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _read_json(path: Path, hint: str) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidConfig(f"{path} is not valid JSON ({e}); {hint}") from e
+        raise InvalidConfig(f"{path} is not valid JSON ({e})") from e
     if not isinstance(data, dict):
-        raise InvalidConfig(f"{path} holds a {type(data).__name__} where a JSON object belongs; {hint}")
+        raise InvalidConfig(f"{path} holds a {type(data).__name__} where a JSON object belongs")
     return data
 
 
@@ -266,22 +264,22 @@ class DecoderConfig:
         Raises:
             UnsupportedModel: Not a supported model type or setting.
             InvalidConfig: A file is not JSON, or a setting is missing or of the wrong type;
-                the message names the file, the setting and the fix.
+                the message names the file and the setting (the store adds the fix:
+                :func:`store.records.repair_hints`).
         """
-        hint = repair_hint(model_dir)
         path = model_dir / "config.json"
-        settings = _read_json(path, hint)
+        settings = _read_json(path)
         try:
             config = cls.from_hf(settings)
         except InvalidConfig as e:
-            raise InvalidConfig(f"{path}: {e}; {hint}") from e
+            raise InvalidConfig(f"{path}: {e}") from e
         generation = model_dir / "generation_config.json"
         if generation.exists():
-            eos = _read_json(generation, hint).get("eos_token_id")
+            eos = _read_json(generation).get("eos_token_id")
             try:
                 extra = _token_ids(eos, "eos_token_id")
             except InvalidConfig as e:
-                raise InvalidConfig(f"{generation}: {e}; {hint}") from e
+                raise InvalidConfig(f"{generation}: {e}") from e
             merged = tuple(dict.fromkeys([*config.eos_token_ids, *extra]))
             config = dataclasses.replace(config, eos_token_ids=merged)
         return config

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,29 +11,9 @@ from safetensors.torch import load_file
 
 from models.config import DecoderConfig
 from models.decoder import Decoder
-from store.bundled import check_files, repair_hint
+from models.files import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir, weight_files
 
-FETCH_HINT = "run 'assistant models fetch' (or point --model at a safetensors folder of a supported family)"
-
-
-class ModelNotFound(FileNotFoundError):
-    """The model folder or one of its files is missing."""
-
-
-class CorruptModel(ValueError):
-    """A weight file exists but cannot be read or does not fit the config."""
-
-
-def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return [model_dir / s for s in shards]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CorruptModel(f"{index} is unreadable ({e!r}); {repair_hint(model_dir)}") from e
-    return sorted(model_dir.glob("*.safetensors"))
-
+__all__ = ["FETCH_HINT", "CorruptModel", "ModelNotFound", "check_model_dir", "decoder_key", "load_decoder"]
 
 # Multimodal checkpoints (Gemma 3 4B and up) keep the text decoder under a prefix; the vision
 # tower and projector are not loaded.
@@ -60,25 +39,6 @@ def decoder_key(name: str) -> str | None:
     return name.removeprefix("model.")
 
 
-def check_model_dir(model_dir: Path) -> None:
-    """Check that ``model_dir`` has a config and weights, and that recorded files are intact.
-
-    A stored model's files are checked cheaply against the sizes and sampled sha256s
-    recorded when it was fetched (~11 ms for SmolLM2).
-
-    Raises:
-        ModelNotFound: No config or no weights.
-        CorruptModel: A recorded file is missing, of another size or another sampled sha256.
-    """
-    if not (model_dir / "config.json").is_file():
-        raise ModelNotFound(f"no model at {model_dir} (config.json missing): {FETCH_HINT}")
-    if not _weight_files(model_dir):
-        raise ModelNotFound(f"no *.safetensors weights in {model_dir}: {FETCH_HINT}")
-    problem = check_files(model_dir)
-    if problem:
-        raise CorruptModel(f"damaged model files: {problem}; {repair_hint(model_dir)}")
-
-
 def _check_finite(path: Path, shard: dict[str, torch.Tensor]) -> None:
     """Raise :class:`CorruptModel` when a tensor holds NaN or Inf (e.g. weights overwritten).
 
@@ -92,26 +52,32 @@ def _check_finite(path: Path, shard: dict[str, torch.Tensor]) -> None:
         values = tensor.float() if tensor.dtype == torch.bfloat16 else tensor  # numpy has no bf16
         if not np.isfinite(values.numpy().sum(dtype=np.float32)):
             raise CorruptModel(
-                f"{path}: tensor {name!r} holds NaN or Inf values, so the weights are damaged; "
-                f"{repair_hint(path.parent)}"
+                f"{path}: tensor {name!r} holds NaN or Inf values, so the weights are damaged"
             )
 
 
 def load_decoder(
-    model_dir: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    model_dir: Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    config: DecoderConfig | None = None,
 ) -> Decoder:
     """Build the decoder described by ``model_dir/config.json`` and load its weights.
 
+    ``config``: the folder's, when the caller read it already (else read here).
+
     Raises:
         ModelNotFound: The folder, its config or its weights are missing.
-        CorruptModel: A weight file is unreadable, damaged (recorded size or sampled sha256
-            differ; NaN or Inf values), or tensors are missing or mis-shaped.
+        CorruptModel: A weight file is unreadable, holds NaN or Inf values, or tensors are
+            missing or mis-shaped (the store checks recorded files before:
+            :func:`store.records.check_model`, and adds the fix).
         InvalidConfig: ``config.json`` lacks a setting or is not JSON.
     """
     check_model_dir(model_dir)
-    config = DecoderConfig.from_dir(model_dir)
+    config = config or DecoderConfig.from_dir(model_dir)
     state: dict[str, torch.Tensor] = {}
-    for path in _weight_files(model_dir):
+    for path in weight_files(model_dir):
         try:
             shard = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as e:

@@ -7,12 +7,11 @@ Layout under the store root (``$XDG_CACHE_HOME/assistant`` by default)::
     models/<name>/assistant-model.json   where it came from (package, sha256, converter) and
                                          the size, sha256 and sampled sha256 of each file
                                          written (checked cheaply at load, fully by
-                                         ``assistant models fetch --check``)
+                                         ``assistant models verify``; see store/records.py)
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -24,14 +23,22 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from store.records import (
+    FILES,
+    MANIFEST,
+    HashMemo,
+    check_files,
+    publish_folder,
+    record_files,
+    recorded_files,
+    repair_hint,
+    sha256_file,
+)
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "assistant-model.json"
-FILES = "files"  # the manifest's record of each file: {"size", "sha256", "sample_sha256"}
-SAMPLE_BLOCKS = 64  # a sampled sha256 reads 64 blocks of 64 KiB spread over the file
-SAMPLE_BLOCK_BYTES = 1 << 16
+HASH_MEMO = "hashes.json"  # under the store root: sha256s of cached files by size and mtime
 
 
 class FetchError(RuntimeError):
@@ -113,15 +120,6 @@ class StoredModel:
     source: str
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _member_target(wheel: Path, info: zipfile.ZipInfo, relative: str, dest: Path) -> Path:
     """Where a wheel member goes under ``dest``; a member that could land elsewhere is refused.
 
@@ -139,112 +137,6 @@ def _member_target(wheel: Path, info: zipfile.ZipInfo, relative: str, dest: Path
     raise FetchError(f"{wheel.name}: refusing member {info.filename!r}: {why}; the package is not trusted")
 
 
-def sample_sha256(path: Path) -> str:
-    """Hex sha256 of 64 blocks of 64 KiB spread evenly over a file (all of it up to 4 MiB).
-
-    The cheap check at load: 11 ms for SmolLM2's 538 MB against 3.2 s for the full hash.
-    """
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with path.open("rb") as f:
-        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK_BYTES:
-            digest.update(f.read())
-            return digest.hexdigest()
-        for i in range(SAMPLE_BLOCKS):
-            f.seek(i * (size - SAMPLE_BLOCK_BYTES) // (SAMPLE_BLOCKS - 1))
-            digest.update(f.read(SAMPLE_BLOCK_BYTES))
-    return digest.hexdigest()
-
-
-def record_files(folder: Path) -> dict[str, dict[str, Any]]:
-    """Size, sha256 and sampled sha256 of every file in a freshly written model folder."""
-    return {
-        p.relative_to(folder).as_posix(): {
-            "size": p.stat().st_size,
-            "sha256": sha256_file(p),
-            "sample_sha256": sample_sha256(p),
-        }
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
-
-
-def repair_hint(folder: Path) -> str:
-    """The fix for damaged files in a model folder: fetch a stored model again, else replace it."""
-    if (folder / MANIFEST).is_file():
-        source = _manifest_source(folder)
-        if source.startswith("gguf:"):
-            return f"delete {folder}; the next start converts {source.removeprefix('gguf:')} again"
-        return f"run 'assistant models fetch --force {folder.name}'"
-    return f"replace {folder} with an intact copy of the model"
-
-
-def _manifest_source(folder: Path) -> str:
-    try:
-        source = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("source", "")
-    except (OSError, ValueError, AttributeError):
-        return ""
-    return source if isinstance(source, str) else ""
-
-
-def recorded_files(folder: Path) -> dict[str, dict[str, Any]] | None:
-    """The file record of a stored model, or ``None`` when its manifest has none (an older fetch).
-
-    Raises:
-        ValueError: The manifest or its record is unreadable or of the wrong shape.
-    """
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{folder / MANIFEST} is unreadable ({e})") from e
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{folder / MANIFEST} is not a JSON object")
-    files = manifest.get(FILES)
-    if files is None:
-        return None
-    valid = (
-        isinstance(files, dict)
-        and bool(files)
-        and all(
-            isinstance(r, dict)
-            and type(r.get("size")) is int
-            and isinstance(r.get("sha256"), str)
-            and isinstance(r.get("sample_sha256"), str)
-            for r in files.values()
-        )
-    )
-    if not valid:
-        raise ValueError(f"{folder / MANIFEST} has a {FILES!r} record of the wrong shape")
-    return files
-
-
-def check_files(folder: Path, *, full: bool = False) -> str | None:
-    """Why the recorded files of the model in ``folder`` are damaged, or ``None``.
-
-    Cheap by default (each file's size and sampled sha256: ~11 ms for 538 MB); ``full``
-    hashes every byte (3.2 s for 538 MB). A folder without a manifest or without a file
-    record (fetched by an older version) passes: there is nothing to check against.
-    """
-    if not (folder / MANIFEST).is_file():
-        return None
-    try:
-        files = recorded_files(folder)
-    except ValueError as e:
-        return str(e)
-    for name, expected in (files or {}).items():
-        path = folder / name
-        if not path.is_file():
-            return f"{path} is missing"
-        size = path.stat().st_size
-        if size != expected["size"]:
-            return f"{path} has {size} bytes, {expected['size']} recorded (truncated or replaced?)"
-        if full and sha256_file(path) != expected["sha256"]:
-            return f"{path} does not match its recorded sha256 (damaged)"
-        if not full and sample_sha256(path) != expected["sample_sha256"]:
-            return f"{path} does not match its recorded sha256 (damaged)"
-    return None
-
-
 def _folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -255,6 +147,10 @@ class ModelStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.models_dir = root / "models"
+
+    def hash_memo(self) -> HashMemo:
+        """The memo of large files' sha256s by size and mtime (``<root>/hashes.json``)."""
+        return HashMemo(self.root / HASH_MEMO)
 
     def path(self, name: str) -> Path:
         """Folder a model of this name lives in (present or not)."""
@@ -323,10 +219,7 @@ class ModelStore:
                 "license": spec.license,
                 FILES: record_files(staged),
             }
-            (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            staged.rename(target)
+            publish_folder(staged, target, record=(MANIFEST, manifest))
         progress(f"{name}: ready at {target} ({_folder_size(target) / 1e6:.0f} MB)")
         return target
 

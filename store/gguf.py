@@ -23,7 +23,7 @@ from typing import Any
 
 from models import config as model_config
 from models.config import DecoderConfig, InvalidConfig, UnsupportedModel
-from models.weights import CorruptModel
+from models.files import CorruptModel
 
 logger = logging.getLogger(__name__)
 

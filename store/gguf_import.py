@@ -5,7 +5,8 @@ Layout under the store root::
     models/<stem>-<sha12>/        the converted folder (fp32 safetensors, tokenizer, config)
         assistant-model.json      "source": "gguf:<path>", the file's sha256 and size, and the
                                   record of every file written (as for the bundled models)
-    gguf-hashes.json              <resolved path> -> {size, mtime_ns, sha256}: the second start
+    gguf-hashes.json              <resolved path> -> {stamp: [size, mtime_ns], sha256}
+                                  (store.records.HashMemo): the second start
                                   does not hash a multi-GB file again; a file that changed
                                   (size or modification time) is hashed, and converted, anew
 
@@ -16,7 +17,6 @@ interrupted conversion leaves no folder that looks like a model.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -24,9 +24,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from models.weights import ModelNotFound, check_model_dir
-from store.bundled import FILES, MANIFEST, FetchError, ModelStore, record_files, sha256_file
+from models.files import ModelNotFound
+from store.bundled import FetchError, ModelStore
 from store.gguf import Step, convert_gguf, inspect_gguf
+from store.records import FILES, MANIFEST, HashMemo, check_model, publish_folder, read_manifest, record_files
 
 logger = logging.getLogger(__name__)
 
@@ -65,46 +66,12 @@ def _split(path: Path) -> bool:
     return SPLIT.search(path.stem) is not None
 
 
-class _HashRecord:
-    """``gguf-hashes.json``: a file's sha256, valid while its size and mtime are unchanged."""
-
-    def __init__(self, root: Path) -> None:
-        self.path = root / HASHES
-
-    def _read(self) -> dict[str, dict[str, object]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}  # none yet, or damaged: files are hashed again
-        return data if isinstance(data, dict) else {}
-
-    def sha256(self, gguf: Path, step: Step) -> str:
-        key = str(gguf.resolve())
-        st = gguf.stat()
-        entry = self._read().get(key)
-        if (
-            isinstance(entry, dict)
-            and entry.get("size") == st.st_size
-            and entry.get("mtime_ns") == st.st_mtime_ns
-            and isinstance(entry.get("sha256"), str)
-        ):
-            return str(entry["sha256"])
-        step(f"hashing {gguf.name} ({st.st_size / 1e9:.2f} GB)", 0.0)
-        digest = sha256_file(gguf)
-        self._write(key, {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest})
-        return digest
-
-    def _write(self, key: str, entry: dict[str, object]) -> None:
-        data = self._read()
-        data[key] = entry
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{HASHES}-")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, self.path)
-        except OSError as e:  # only a speed-up: the next start hashes again
-            logger.warning("could not record the sha256 of %s in %s (%s)", key, self.path, e)
+def _gguf_sha256(gguf: Path, store: ModelStore, step: Step) -> str:
+    """The file's sha256, remembered in ``gguf-hashes.json`` while its size and mtime hold."""
+    size_gb = gguf.stat().st_size / 1e9
+    return HashMemo(store.root / HASHES).sha256(
+        gguf, on_hash=lambda _f: step(f"hashing {gguf.name} ({size_gb:.2f} GB)", 0.0)
+    )
 
 
 def store_name(gguf: Path, sha256: str) -> str:
@@ -151,20 +118,12 @@ def stored_gguf_dir(gguf: Path, store: ModelStore, step: Step) -> Path | None:
     """
     if not gguf.is_file():
         raise ModelNotFound(f"no such GGUF file {gguf}; check the path given to --model")
-    sha256 = _HashRecord(store.root).sha256(gguf, step)
+    sha256 = _gguf_sha256(gguf, store, step)
     for folder in sorted(store.models_dir.glob(f"*-{sha256[:12]}")):  # any name: a copy elsewhere
-        if store.is_present(folder.name) and _manifest(folder).get("gguf_sha256") == sha256:
-            check_model_dir(folder)
+        if store.is_present(folder.name) and read_manifest(folder).get("gguf_sha256") == sha256:
+            check_model(folder)
             return folder
     return None
-
-
-def _manifest(folder: Path) -> dict[str, object]:
-    try:
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
@@ -181,7 +140,7 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
     """
     if not gguf.is_file():
         raise ModelNotFound(f"no such GGUF file {gguf}; check the path given to --model")
-    sha256 = _HashRecord(store.root).sha256(gguf, step)
+    sha256 = _gguf_sha256(gguf, store, step)
     name = store_name(gguf, sha256)
     target = store.path(name)
     step(f"reading {gguf.name}", 0.0)
@@ -211,11 +170,9 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
             "dtype": "fp32",
             FILES: record_files(staged),
         }
-        (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if not store.is_present(name):  # else another start converted it meanwhile: use that
-            if target.exists():  # an incomplete folder (no manifest): not ours to keep
-                shutil.rmtree(target)
-            staged.rename(target)
+            # An incomplete folder at ``target`` (no manifest) is not ours to keep: replaced.
+            publish_folder(staged, target, record=(MANIFEST, manifest))
     except ModelNotFound:
         raise
     except OSError as e:

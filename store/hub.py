@@ -10,7 +10,6 @@ Naming a revision (a branch, tag or commit) that is not the pinned commit downlo
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
@@ -18,8 +17,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.weights import ModelNotFound, check_model_dir
-from store.bundled import MANIFEST, ModelStore
+from models.files import ModelNotFound, check_model_dir
+from store.bundled import ModelStore
+from store.records import MANIFEST, check_model, publish_folder, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +58,7 @@ def parse_hub_name(name: str) -> HubModel:
 
 def pinned_revision(folder: Path) -> str | None:
     """The commit a stored hub model was downloaded at (None: not stored, or not from the hub)."""
-    try:
-        info = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    revision = info.get("revision") if isinstance(info, dict) else None
+    revision = read_manifest(folder).get("revision")
     return revision if isinstance(revision, str) else None
 
 
@@ -77,7 +73,7 @@ def hub_model_dir(model: HubModel, store: ModelStore) -> Path:
     pinned = pinned_revision(target)
     asked = model.revision
     if pinned and (asked is None or (_COMMIT.fullmatch(asked) is not None and pinned.startswith(asked))):
-        check_model_dir(target)
+        check_model(target)
         return target
     return _download(model, store, target)
 
@@ -116,9 +112,6 @@ def _download(model: HubModel, store: ModelStore, target: Path) -> Path:
             "revision": commit,
             "requested_revision": revision,
         }
-        (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staged.rename(target)
+        publish_folder(staged, target, record=(MANIFEST, manifest))
     logger.warning("%s: pinned to commit %s", target.name, commit)
     return target

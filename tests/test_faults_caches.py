@@ -33,7 +33,8 @@ from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import build_engine
 from models.config import DecoderConfig, InvalidConfig
 from models.weights import CorruptModel
-from store.bundled import DEFAULT_LLM, DEFAULT_TURN, MANIFEST, ModelStore, check_files, record_files
+from store.bundled import DEFAULT_LLM, DEFAULT_TURN, ModelStore
+from store.records import MANIFEST, check_files, record_files
 from tests.speech import speak
 from tests.test_architectures import qwen2
 from tests.test_tensorrt_build import TINY

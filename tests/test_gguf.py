@@ -22,7 +22,8 @@ from assistant.stages.llm import load_llm, resolve_llm_dir
 from engines.progress import EngineProgress
 from models.config import SUPPORTED_MODEL_TYPES, UnsupportedModel
 from models.weights import CorruptModel, ModelNotFound
-from store.bundled import FetchError, sha256_file
+from store.bundled import FetchError
+from store.records import sha256_file
 from tests.gguf_files import write_tiny_gguf
 
 PROMPT = "<|im_start|>user\nthe cat in the hat<|im_end|>\n<|im_start|>assistant\n"

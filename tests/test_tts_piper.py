@@ -29,7 +29,8 @@ from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.audio import FileSink
 from assistant.stages.tts import Synthesizer, TtsOptions
 from assistant.stages.tts_piper import FIX, PiperSynthesizer, open_synthesizer
-from store.bundled import DEFAULT_PIPER_VOICE, SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS, ModelStore
+from store.bundled import DEFAULT_PIPER_VOICE, ModelStore
+from store.records import SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS
 from tests.piper_voice import onnx_of, piper_voice_folder
 from tests.speech import read_wav, speak
 
@@ -192,7 +193,7 @@ def test_a_damaged_stored_voice_falls_back_to_pyttsx3_naming_the_fix(voice_folde
     onnx = onnx_of(copy)
     if damage == "flipped bytes":
         with onnx.open("r+b") as f:
-            # Where the cheap load-time check samples (block 32 of 64: store/bundled.py); damage
+            # Where the cheap load-time check samples (block 32 of 64: store/records.py); damage
             # between its samples is found by `assistant models fetch --check` (full sha256).
             f.seek(32 * (onnx.stat().st_size - SAMPLE_BLOCK_BYTES) // (SAMPLE_BLOCKS - 1))
             block = f.read(4096)

@@ -11,6 +11,7 @@ from pathlib import Path
 from assistant.config import Settings
 from assistant.stages.llm import engine_cache_dir, onnx_dtype, resolve_llm_dir
 from engines.tensorrt.options import FLAVOURS, PRECISIONS, EngineOptions
+from store.records import repair_hints
 
 SUPPRESS = argparse.SUPPRESS
 
@@ -107,24 +108,27 @@ def _say(line: str) -> None:
 def run_engine(args: argparse.Namespace, settings: Settings) -> int:
     """Run one ``engine`` subcommand; returns the exit status."""
     command = args.engine_command
-    if command == "export":
-        return _export(args, settings)
     if command == "profile":
         return _profile(args, settings)
     if command == "list":
         return _list(settings)
     if command == "clear":
         return _clear(args, settings)
-    if command == "verify":
-        return _verify(args, settings)
-    return _build(args, settings)
+    # export, build and verify load the model: name the fix of a damaged one (models/ does not)
+    model_dir = resolve_llm_dir(settings.models)
+    with repair_hints(model_dir):
+        if command == "export":
+            return _export(args, settings, model_dir)
+        if command == "verify":
+            return _verify(args, settings, model_dir)
+        return _build(args, settings, model_dir)
 
 
-def _export(args: argparse.Namespace, settings: Settings) -> int:
+def _export(args: argparse.Namespace, settings: Settings, model_dir: Path) -> int:
     from engines.onnx_export import ExportOptions, export_decoder
 
     options = ExportOptions(dtype=onnx_dtype(settings.decoder.dtype))
-    result = export_decoder(resolve_llm_dir(settings.models), options, force=args.force)
+    result = export_decoder(model_dir, options, force=args.force)
     state = "cache hit" if result.cache_hit else f"exported in {result.export_s:.1f} s"
     size_mb = result.size_bytes / 1e6
     print(f"{state}: {result.path} ({options.dtype}, opset {options.opset}, {size_mb:.0f} MB)")
@@ -147,13 +151,12 @@ def _engine_options(args: argparse.Namespace, settings: Settings, model_dir: Pat
     return options
 
 
-def _build(args: argparse.Namespace, settings: Settings) -> int:
+def _build(args: argparse.Namespace, settings: Settings, model_dir: Path) -> int:
     from engines.onnx_export import ExportOptions, export_decoder
     from engines.progress import ConsolePrinter
     from engines.tensorrt.builder import build_engine
     from engines.tensorrt.flavour import export_dtype, load_flavour
 
-    model_dir = resolve_llm_dir(settings.models)
     options = _engine_options(args, settings, model_dir)
     flavour = load_flavour(_flavour(settings))
     dtype, _ = export_dtype(flavour, options.precision)  # refuses before any export work
@@ -253,13 +256,12 @@ def _sweep_exports(settings: Settings) -> list[tuple[Path, int]]:
     return sweep_staging(model_dir / "onnx") if model_dir.is_dir() else []
 
 
-def _verify(args: argparse.Namespace, settings: Settings) -> int:
+def _verify(args: argparse.Namespace, settings: Settings, model_dir: Path) -> int:
     from assistant.stages.llm import load_tokenizer
     from engines.tensorrt.gate import record_verdict
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
     from engines.verify import verify_decoder
 
-    model_dir = resolve_llm_dir(settings.models)
     tokenizer = load_tokenizer(model_dir)
     engine_path = None
     if args.onnxruntime:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engines.base import Decoder, GenerationOptions, GenerationStats, TokenChunk
-from models.weights import CorruptModel
+from models.files import CorruptModel
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,11 @@ from engines.driver import DecoderDriver
 from engines.progress import EngineProgress, ProgressCallback, emit
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
-from models.config import DecoderConfig
-from models.weights import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir
-from store.bundled import BUNDLED, ModelStore, repair_hint
-from store.gguf_import import convert_into_store, find_gguf, stored_gguf_dir
-from store.hub import PREFIX as HUB_PREFIX
-from store.hub import hub_model_dir, parse_hub_name
+from models.files import FETCH_HINT, CorruptModel, ModelNotFound
+from store.bundled import ModelStore
+from store.gguf_import import convert_into_store, stored_gguf_dir
+from store.records import repair_hint, repair_hints
+from store.resolve import ResolvedLlm, resolve_llm, resolve_llm_path
 
 if TYPE_CHECKING:
     from engines.selection import Probe
@@ -33,14 +32,10 @@ BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
 def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None = None) -> Path:
-    """Folder of the configured LLM: store name, local folder, GGUF file or ``hf:org/name[@rev]``.
+    """Folder of the configured LLM (:func:`store.resolve.resolve_llm_path`), checked.
 
-    A local folder may be a Hugging Face folder or one holding exactly one ``.gguf`` file.
-
-    A hub model is downloaded only when named so, once, into the store, pinned to a commit
-    (:mod:`store.hub`); a name that is no folder is never taken for a hub id. A GGUF is
-    converted once into the store (:mod:`store.gguf_import`); ``progress`` hears that as
-    ``convert`` events (``cached`` when it was converted already).
+    A GGUF is converted once into the store (:mod:`store.gguf_import`); ``progress`` hears
+    that as ``convert`` events (``cached`` when it was converted already).
 
     Raises:
         ModelNotFound: Nothing usable under that name, with the command that fixes it.
@@ -48,26 +43,7 @@ def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None =
             that cannot take it (each names the fix).
     """
     store = ModelStore(settings.store_dir)
-    name = settings.llm
-    if name.startswith(HUB_PREFIX):
-        return hub_model_dir(parse_hub_name(name), store)
-    local = Path(name).expanduser()
-    gguf = find_gguf(local)
-    if gguf is not None or local.suffix.lower() == ".gguf":
-        return _gguf_dir(gguf or local, store, progress)
-    if local.is_dir():
-        check_model_dir(local)
-        return local
-    if store.is_present(name):
-        check_model_dir(store.path(name))  # also the cheap check of the recorded files
-        return store.path(name)
-    if name in BUNDLED:
-        raise ModelNotFound(f"model {name!r} is not in the store {store.models_dir}: {FETCH_HINT}")
-    hub_form = f"{HUB_PREFIX}{name}" if name.count("/") == 1 else f"{HUB_PREFIX}org/name"
-    raise ModelNotFound(
-        f"no such folder {local} and no stored model {name!r}; for a Hugging Face model use {hub_form} "
-        "(downloaded once, online); for the bundled models run 'assistant models fetch'"
-    )
+    return resolve_llm_path(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
 
 
 def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) -> Path:
@@ -92,7 +68,9 @@ def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) 
 
 
 def load_tokenizer(model_dir: Path) -> Any:
-    """The fast tokenizer (with chat template) saved in ``model_dir``.
+    """The fast tokenizer (with chat template) saved in ``model_dir``; its files parsed once.
+
+    A file that does not load is then checked for its shape, so the error names it.
 
     Raises:
         ModelNotFound: No tokenizer files.
@@ -100,12 +78,13 @@ def load_tokenizer(model_dir: Path) -> Any:
     """
     from transformers import AutoTokenizer
 
-    _check_tokenizer_files(model_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except OSError as e:
+        _check_tokenizer_files(model_dir)  # parsed again only to name the damaged file
         raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
     except Exception as e:  # tokenizers and transformers raise bare KeyError, TypeError, Exception...
+        _check_tokenizer_files(model_dir)
         raise CorruptModel(
             f"the tokenizer files in {model_dir} (tokenizer.json, tokenizer_config.json) cannot be "
             f"loaded ({type(e).__name__}: {e}); {repair_hint(model_dir)}"
@@ -172,6 +151,7 @@ def load_llm(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     notice: Callable[[str], None] | None = None,
+    store: ModelStore | None = None,
 ) -> tuple[DecoderDriver, Any]:
     """Build the configured decoder backend and its tokenizer.
 
@@ -189,9 +169,26 @@ def load_llm(
         progress: Hears of ONNX exports, engine cache hits, build phases and the gate (any thread).
         cancel: Set it to stop a TensorRT engine build at its next step.
         notice: Hears, in one line, why ``auto`` did not use the TensorRT it picked.
+        store: The start's model store (the caller's, so one is built a start); else made here.
     """
-    model_dir = resolve_llm_dir(models, progress)
-    config = DecoderConfig.from_dir(model_dir)  # a damaged config.json named before the tokenizer trips on it
+    store = store or ModelStore(models.store_dir)
+    llm = resolve_llm(store, models.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
+    with repair_hints(llm.path):  # models/ names the damaged file; the store adds the fix
+        return _load_llm(llm, models, decoder, engine, gate, progress, cancel, notice)
+
+
+def _load_llm(
+    llm: ResolvedLlm,
+    models: ModelSettings,
+    decoder: DecoderSettings,
+    engine: EngineOptions | None,
+    gate: GateOptions | None,
+    progress: ProgressCallback | None,
+    cancel: threading.Event | None,
+    notice: Callable[[str], None] | None,
+) -> tuple[DecoderDriver, Any]:
+    """:func:`load_llm` for the resolved LLM (its config read once, passed to the backend)."""
+    model_dir, config = llm.path, llm.config  # a damaged config.json named before the tokenizer trips on it
     tokenizer = load_tokenizer(model_dir)
     if decoder.server:
         from engines.serving.remote import RemoteDecoder
@@ -201,7 +198,7 @@ def load_llm(
         return RemoteDecoder(decoder.server, tokenizer, config.eos_token_ids, sha), tokenizer
     if decoder.backend not in BACKENDS:
         raise ValueError(f"backend {decoder.backend!r} unknown; available: {', '.join(BACKENDS)}")
-    load = _Loader(model_dir, tokenizer, models, engine or EngineOptions(), progress, cancel)
+    load = _Loader(llm, tokenizer, models, engine or EngineOptions(), progress, cancel)
     if decoder.backend != "auto":
         return load(decoder), tokenizer
     from engines.selection import probe
@@ -253,14 +250,14 @@ class _Loader:
 
     def __init__(
         self,
-        model_dir: Path,
+        llm: ResolvedLlm,
         tokenizer: Any,
         models: ModelSettings,
         engine: EngineOptions,
         progress: ProgressCallback | None,
         cancel: threading.Event | None,
     ) -> None:
-        self.model_dir, self.tokenizer, self.models, self.engine = model_dir, tokenizer, models, engine
+        self.llm, self.tokenizer, self.models, self.engine = llm, tokenizer, models, engine
         self.progress, self.cancel = progress, cancel
 
     def __call__(
@@ -271,9 +268,9 @@ class _Loader:
         ``auto``: the TensorRT that ``--backend auto`` picked; a build of it that failed at an
         earlier start is not tried again.
         """
-        model_dir, tokenizer = self.model_dir, self.tokenizer
+        model_dir, tokenizer, config = self.llm.path, self.tokenizer, self.llm.config
         if decoder.backend == "onnxruntime":
-            return _load_onnxruntime(model_dir, tokenizer, decoder, self.progress)
+            return _load_onnxruntime(self.llm, tokenizer, decoder, self.progress)
         if decoder.backend in ("tensorrt", "tensorrt-rtx"):
             from engines.tensorrt.backend import load_tensorrt_decoder
 
@@ -287,6 +284,7 @@ class _Loader:
                 cancel=self.cancel,
                 gate=gate,
                 retry_failed_build=not auto,
+                config=config,
             )
         from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 
@@ -299,11 +297,11 @@ class _Loader:
             compile=decoder.compile,
             compile_cache_dir=compile_cache_dir(self.models, model_dir),
         )
-        return load_torch_decoder(model_dir, tokenizer, options, self.progress)
+        return load_torch_decoder(model_dir, tokenizer, options, self.progress, config=config)
 
 
 def _load_onnxruntime(
-    model_dir: Path, tokenizer: Any, decoder: DecoderSettings, progress: ProgressCallback | None
+    llm: ResolvedLlm, tokenizer: Any, decoder: DecoderSettings, progress: ProgressCallback | None
 ) -> DecoderDriver:
     from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
 
@@ -312,7 +310,7 @@ def _load_onnxruntime(
     options = OnnxRuntimeOptions(
         dtype=onnx_dtype(decoder.dtype), threads=decoder.threads, capacity_tokens=decoder.context_tokens
     )
-    return load_onnxruntime_decoder(model_dir, tokenizer, options, progress)
+    return load_onnxruntime_decoder(llm.path, tokenizer, options, progress, config=llm.config)
 
 
 def resolve_auto_backend(

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from store.bundled import BUNDLED, DEFAULT_TURN, ModelStore, sha256_file
+from store.bundled import BUNDLED, DEFAULT_TURN, ModelStore
+from store.records import HashMemo, sha256_file
 
 if TYPE_CHECKING:
     from faster_whisper.feature_extractor import FeatureExtractor
@@ -79,13 +80,18 @@ class SmartTurn:
     4-16 ms of that.
     """
 
-    def __init__(self, path: Path, threads: int = 1, sha256: str | None = None) -> None:
+    def __init__(
+        self, path: Path, threads: int = 1, sha256: str | None = None, memo: HashMemo | None = None
+    ) -> None:
         """Verify and load the model file.
 
         Args:
             path: The ``.onnx`` file.
             threads: ONNX Runtime intra-op threads.
             sha256: Expected digest of the file; the pinned one of the bundled model if None.
+            memo: Where the file's sha256 is remembered by its size and mtime (the store's
+                :class:`~store.records.HashMemo`): an unchanged file is not hashed again;
+                ``None`` hashes it in full. A file that fails to load is hashed again.
 
         Raises:
             TurnModelError: The file is missing, damaged or not loadable.
@@ -94,7 +100,7 @@ class SmartTurn:
 
         expected = sha256 or BUNDLED[DEFAULT_TURN].file_sha256
         try:
-            actual = sha256_file(path)
+            actual = memo.sha256(path) if memo is not None else sha256_file(path)
         except OSError as e:
             raise TurnModelError(f"cannot read the end-of-turn model {path}: {e}; {FETCH_HINT}") from e
         if actual != expected:
@@ -110,6 +116,10 @@ class SmartTurn:
                 str(path), providers=["CPUExecutionProvider"], sess_options=opts
             )
         except Exception as e:  # onnxruntime raises its own, unexported exception types
+            if memo is not None and memo.sha256(path, full=True) != expected:  # changed in place
+                raise TurnModelError(
+                    f"the end-of-turn model {path} is damaged (sha256 mismatch); {FETCH_HINT}"
+                ) from e
             raise TurnModelError(f"cannot load the end-of-turn model {path}: {e}; {FETCH_HINT}") from e
         self.input_name = self.session.get_inputs()[0].name  # "input_features"
 
@@ -124,7 +134,7 @@ class SmartTurn:
         if spec is None or spec.kind != "turn":
             raise TurnModelError(f"no bundled end-of-turn model {name!r}; use {DEFAULT_TURN!r}")
         path = store.path(name) / spec.member_prefix.rsplit("/", 1)[-1]
-        return cls(path, threads, spec.file_sha256)
+        return cls(path, threads, spec.file_sha256, store.hash_memo())
 
     def score(self, audio: np.ndarray) -> TurnScore:
         """Probability that the speaker finished the turn at the end of ``audio``.

@@ -20,7 +20,8 @@ import numpy as np
 
 from assistant.stages.audio import resample
 from assistant.stages.tts import WARM_UP_TEXT, Synthesizer, TtsError, TtsOptions, TtsUnavailable
-from store.bundled import BUNDLED, ModelStore, check_files
+from store.bundled import BUNDLED, ModelStore
+from store.records import check_files
 
 logger = logging.getLogger(__name__)
 

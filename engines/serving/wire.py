@@ -20,7 +20,6 @@ under numpy 2 (``deserialize_bytes_tensor``: "unpack_from requires a buffer of a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from engines.base import GenerationOptions
+from store.records import sha256_file
 
 MODEL_NAME = "assistant_llm"
 PROMPT_IDS, SESSION, OPTIONS = "PROMPT_IDS", "SESSION", "OPTIONS"
@@ -153,4 +153,4 @@ def write_repository(repository: Path, options: ServeOptions) -> Path:
 def tokenizer_sha256(model_dir: Path) -> str:
     """The sha256 of the model's ``tokenizer.json`` (clients check theirs is the same)."""
     path = model_dir / "tokenizer.json"
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+    return sha256_file(path) if path.is_file() else ""

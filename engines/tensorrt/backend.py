@@ -51,8 +51,11 @@ def load_tensorrt_decoder(
     cancel: threading.Event | None = None,
     gate: GateOptions | None = None,
     retry_failed_build: bool = True,
+    config: DecoderConfig | None = None,
 ) -> DecoderDriver:
     """The model in ``model_dir`` as a TensorRT engine on this machine's GPU.
+
+    ``config``: the model's, when the caller read it already (else read here).
 
     Exports ONNX and builds the engine when the caches lack them. A cached engine TensorRT
     refuses is rebuilt once, and only when a rebuild can help (another TensorRT version wrote
@@ -109,7 +112,7 @@ def load_tensorrt_decoder(
             retry_failed=retry_failed_build,
         )
 
-    config = DecoderConfig.from_dir(model_dir)
+    config = config or DecoderConfig.from_dir(model_dir)
     built = build(False)
     if gate is not None:
         _refuse_failed_engine(built, gate)

@@ -36,11 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from engines.cache_lock import LOCKS_DIR, EntryLock, staging_dir, sweep_staging
+from store.files import atomic_write
+from store.records import HashMemo, publish_folder, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
 ENGINE_FILE = "decoder.engine"
 RECORD_FILE = "engine.json"
+HASH_MEMO = "hashes.json"  # engines' sha256s by size and mtime (store.records.HashMemo)
 FAILED_FILE = "build-failed.json"  # a build that failed: why, and when (no engine beside it)
 CACHES_DIR = "_caches"
 BLOB_MAGIC = b"assistant-trt-cache/1\n"
@@ -60,15 +63,6 @@ RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "verified": (dict, type(None)),
     "engine": dict,
 }
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def engine_key(identity: dict[str, Any]) -> str:
@@ -188,18 +182,18 @@ def write_failure(folder: Path, reason: str) -> None:
     """Record that building the engine of ``folder`` failed (written atomically)."""
     folder.mkdir(parents=True, exist_ok=True)
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    tmp = folder / f".{FAILED_FILE}.tmp"
-    tmp.write_text(json.dumps({"reason": reason, "failed_at": when}, indent=2) + "\n")
-    tmp.replace(folder / FAILED_FILE)
+    write_json_atomic(folder / FAILED_FILE, {"reason": reason, "failed_at": when}, indent=2, sort_keys=False)
 
 
-def check_entry(folder: Path, expected: dict[str, Any] | None = None) -> str | None:
+def check_entry(folder: Path, expected: dict[str, Any] | None = None, *, full: bool = False) -> str | None:
     """Why the engine in ``folder`` cannot be reused, or ``None`` when it can.
 
     Args:
         folder: A cache folder.
         expected: Identity fields (:data:`IDENTITY`) the record must carry; ``None`` checks
             the files only.
+        full: Hash the engine even when its size and mtime are those it had when last
+            hashed (``<cache>/hashes.json``, :class:`~store.records.HashMemo`).
     """
     try:
         record = read_record(folder)
@@ -221,7 +215,7 @@ def check_entry(folder: Path, expected: dict[str, Any] | None = None) -> str | N
         return f"{path} is missing"
     if path.stat().st_size != size:
         return f"{path} has {path.stat().st_size} bytes, {size} expected (truncated?)"
-    if sha256_file(path) != sha:
+    if HashMemo(folder.parent / HASH_MEMO).sha256(path, full=full) != sha:
         return f"{path} does not match its recorded sha256 (corrupt)"
     return None
 
@@ -239,18 +233,14 @@ def write_entry(folder: Path, engine: memoryview | bytes, record: dict[str, Any]
         (staged / ENGINE_FILE).write_bytes(data)
         full = {**record, "engine": {"size": data.nbytes, "sha256": hashlib.sha256(data).hexdigest()}}
         (staged / RECORD_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        staged.rename(folder)
+        publish_folder(staged, folder)
     return full
 
 
 def update_record(folder: Path, **fields: Any) -> dict[str, Any]:
     """Merge ``fields`` into an entry's record (atomically: write, then rename)."""
     record = {**read_record(folder), **fields}
-    tmp = folder / f".{RECORD_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(folder / RECORD_FILE)
+    write_json_atomic(folder / RECORD_FILE, record, indent=2)
     return record
 
 
@@ -258,8 +248,11 @@ def _folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def list_entries(cache_dir: Path, *, check_files: bool = True) -> list[EngineEntry]:
-    """Every engine folder, sorted by name; ``check_files`` also hashes each engine."""
+def list_entries(cache_dir: Path, *, check_files: bool = True, full: bool = False) -> list[EngineEntry]:
+    """Every engine folder, sorted by name; ``check_files`` also checks each engine's hash.
+
+    ``full`` hashes every engine, even one whose size and mtime match its memo.
+    """
     if not cache_dir.is_dir():
         return []
     entries = []
@@ -269,7 +262,7 @@ def list_entries(cache_dir: Path, *, check_files: bool = True) -> list[EngineEnt
         except (OSError, ValueError) as e:
             record = {}
             logger.info("%s: unusable record (%s)", folder, e)
-        problem = check_entry(folder) if check_files or not record else None
+        problem = check_entry(folder, full=full) if check_files or not record else None
         entries.append(EngineEntry(folder, record, _folder_size(folder), problem))
     return entries
 
@@ -360,8 +353,7 @@ def save_blob(path: Path, payload: bytes, tag: str) -> None:
     header = json.dumps({"tag": tag, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(BLOB_MAGIC + header.encode() + b"\n" + payload)
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            f.write(BLOB_MAGIC + header.encode() + b"\n" + payload)
     except OSError as e:
         logger.warning("cannot save %s: %s", path, e)
