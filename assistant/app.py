@@ -15,18 +15,19 @@ import numpy as np
 from assistant.config import Settings
 from assistant.events import Event
 from assistant.stages.asr import Transcriber, TranscriptResult
-from assistant.stages.audio import Microphone, Speaker
+from assistant.stages.audio import Microphone
 from assistant.stages.devices import AudioDeviceError
 from assistant.stages.dialogue import Dialogue
 from assistant.stages.endpoint import TurnOptions, describe, end_of_turn_policy, with_partials_resolved
 from assistant.stages.llm import load_llm
+from assistant.stages.playback import Speaker
 from assistant.stages.splitter import SentenceSplitter
 from assistant.stages.tts import Synthesizer
 from assistant.stages.tts_piper import PiperSynthesizer, open_synthesizer
 from assistant.stages.vad import EndOfTurn, Endpointer, FixedSilence, VadOptions
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import PipelineOptions
-from engines.progress import EngineProgress, ProgressCallback
+from engines.progress import EngineProgress, ProgressCallback, Stage
 from store.bundled import ModelStore
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class EngineSteps:
         """Forward ``event`` as ``progress(text, fraction)``."""
         with self.lock:
             text = event.message
-            if event.stage == "build":
+            if event.stage == Stage.BUILD:
                 if not event.parent:
                     self.top = event.phase
                     if event.num_steps:
@@ -75,14 +76,14 @@ class EngineSteps:
                 text = f"building engine: {self.top}"
                 if event.parent and event.num_steps:
                     text += f" / {event.phase} {event.step}/{event.num_steps}"
-            elif event.stage == "convert" and event.num_steps:  # a GGUF converting into the store
+            elif event.stage == Stage.CONVERT and event.num_steps:  # a GGUF converting into the store
                 self.fraction = max(
                     self.fraction, self.start + (self.stop - self.start) * event.step / event.num_steps
                 )
-            elif event.stage in ("cached", "done", "warmup"):
+            elif event.stage in (Stage.CACHED, Stage.DONE, Stage.WARMUP):
                 self.fraction = self.stop
             key = (text, event.t_ns // self.interval_ns)
-            if key == self.last and event.stage == "build" and not event.finished:
+            if key == self.last and event.stage == Stage.BUILD and not event.finished:
                 return
             self.last = key
             self.progress(text, self.fraction)
@@ -136,7 +137,7 @@ class Session:
             asr=self.transcriber.description if self.transcriber else "",
             llm=self.pipeline.llm_model,
             backend=self.dialogue.decoder.name,
-            engine=getattr(self.dialogue.decoder, "cache_status", ""),
+            engine=self.dialogue.decoder.cache_status,
             turn=describe(self.turn_policy) if self.turn_policy else "",
             tts=self.synthesizer.description if self.synthesizer else "",
             warm_up_ms=dict(self.warm_up_ms),
@@ -154,7 +155,7 @@ class Session:
                 stage.close()
         self.mic = self.speaker = None
         self.synthesizer = None
-        _close_decoder(self.dialogue.decoder)
+        self.dialogue.decoder.close()
 
 
 def _both(first: ProgressCallback, second: ProgressCallback | None) -> ProgressCallback:
@@ -166,12 +167,6 @@ def _both(first: ProgressCallback, second: ProgressCallback | None) -> ProgressC
         first(event)  # may raise LoadCancelled: counted first
 
     return both
-
-
-def _close_decoder(decoder: object) -> None:
-    close = getattr(decoder, "close", None)  # DecoderDriver has one; test doubles may not
-    if close is not None:
-        close()
 
 
 def open_audio(settings: Settings) -> tuple[Microphone | None, Speaker | None, str]:
@@ -214,7 +209,6 @@ def build_session(
             raise LoadCancelled(f"cancelled while {text}")
         progress(text, fraction)
 
-    store = ModelStore(settings.models.store_dir)  # one for every model of the session
     mic = speaker = decoder = None
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
@@ -234,7 +228,6 @@ def build_session(
             progress=_both(EngineSteps(step), engine_events),
             cancel=cancel,
             notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
-            store=store,
         )
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()
@@ -242,7 +235,7 @@ def build_session(
         transcriber = None
         if asr or (asr is None and mic is not None):
             step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber = Transcriber(settings.asr, store)
+            transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()
@@ -250,18 +243,22 @@ def build_session(
             step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
             step(f"loading the turn detector ({settings.turn.detection})", 0.85)
-            policy, notice = end_of_turn_policy(settings.turn, settings.vad, store)
+            policy, notice = end_of_turn_policy(
+                settings.turn, settings.vad, ModelStore(settings.models.store_dir)
+            )
             if notice:
                 notices.append(notice)
         if tts or (tts is None and speaker is not None):
             step(f"starting TTS ({settings.tts.engine})", 0.9)
+            store = ModelStore(settings.models.store_dir)
             synthesizer = open_synthesizer(settings.tts, store, notices.append)  # Piper: else pyttsx3
         step("ready", 1.0)
     except BaseException as e:
         for stage in (mic, speaker, synthesizer):
             if stage is not None:
                 stage.close()
-        _close_decoder(decoder)
+        if decoder is not None:
+            decoder.close()
         if cancel is not None and cancel.is_set() and not isinstance(e, LoadCancelled):
             raise LoadCancelled(f"cancelled ({e})") from e  # e.g. the engine build it stopped
         raise
@@ -298,4 +295,9 @@ class _NoAsr:
     description = "none"
 
     def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+        """Never transcribes: there is no model.
+
+        Raises:
+            RuntimeError: Always (only typed turns run in text mode).
+        """
         raise RuntimeError("no ASR model loaded (text mode)")

@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from assistant.observe.latency import TurnRecord
+
+
+class CancelReason(enum.StrEnum):
+    """Why a turn stopped early (:class:`TurnCancelled`) or its speculation was dropped.
+
+    A ``str``: records, logs and JSON keep the words (``"speaker lost"``), and a member equals
+    its word.
+    """
+
+    INTERRUPTED = "interrupted"  # barge-in, Ctrl-C: the part played is kept
+    NO_WORDS = "no words recognised"  # ASR heard nothing to answer
+    SPEAKER_LOST = "speaker lost"  # playback given up; the reply's text is kept
+    MICROPHONE_LOST = "microphone lost"  # the speech in progress was dropped; no reply
+    # The LLM server (--llm-server) failed mid-reply; the text so far is kept and the next
+    # turn connects again.
+    LLM_SERVER_LOST = "llm server lost"
+
+
+class DiscardReason(enum.StrEnum):
+    """Why speculative work was thrown away (:class:`SpeculationDiscarded`)."""
+
+    SPEECH_RESUMED = "speech resumed"  # the user went on after the pause
+    CUT_FOR_LENGTH = "cut for length"  # the utterance was cut at ``max_utterance_s``: held, not answered
+    MICROPHONE_LOST = "microphone lost"  # the rest of the utterance will not come
 
 
 @dataclass(frozen=True)
@@ -147,7 +176,7 @@ class SpeculationDiscarded(Event):
     ``work_ms`` is how long it had run.
     """
 
-    reason: str = ""
+    reason: DiscardReason = DiscardReason.SPEECH_RESUMED
     work_ms: float = 0.0
 
 
@@ -234,20 +263,21 @@ class PlaybackEnded(Event):
 class TurnCancelled(Event):
     """The turn stopped early; ``heard_text`` is the reply as the conversation keeps it.
 
-    ``reason``: ``interrupted`` (barge-in, Ctrl-C: ``heard_text`` is the part that was
-    played), ``speaker lost`` (playback given up; the whole reply's text is kept),
-    ``microphone lost`` (the speech in progress was dropped; no reply), ``no words recognised``.
+    ``reason`` (:class:`CancelReason`): ``interrupted`` (barge-in, Ctrl-C: ``heard_text`` is
+    the part that was played), ``speaker lost`` (playback given up; the whole reply's text is
+    kept), ``microphone lost`` (the speech in progress was dropped; no reply), ``llm server
+    lost`` (the text so far is kept), ``no words recognised``.
     """
 
-    reason: str = ""
+    reason: CancelReason = CancelReason.INTERRUPTED
     heard_text: str = ""
 
 
 @dataclass(frozen=True)
 class TurnDone(Event):
-    """The turn is over; ``record`` is its latency record (``assistant.observe.latency.TurnRecord``)."""
+    """The turn is over; ``record`` is its latency record."""
 
-    record: object = None
+    record: TurnRecord | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,54 @@ class ContextOverflow(ValueError):
     """The prompt does not fit in the decoder's KV-cache capacity."""
 
 
+class Backend(enum.StrEnum):
+    """Which kind of engine decodes (``--backend``; ``remote`` is ``--llm-server``)."""
+
+    PYTORCH = "pytorch"
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+    TENSORRT_RTX = "tensorrt-rtx"
+    REMOTE = "remote"
+
+
+@dataclass(frozen=True)
+class BackendIdentity:
+    """What a decoder is, as data: callers read these fields, never a parsed display name.
+
+    Attributes:
+        backend: The kind of engine.
+        device: ``cpu`` or ``cuda`` (``""`` for a served decoder: the server's device).
+        precision: ``fp32``, ``fp16``, ``bf16``, ``int8``... (``""`` for a served decoder).
+        variant: How a PyTorch step runs on the GPU: ``static``, ``cuda-graph``,
+            ``cuda-graph+compile`` (``""``: eager, or another backend).
+        version: The TensorRT (-RTX) version that runs the engine, else ``""``.
+        address: The server's URL of a served decoder, else ``""``.
+    """
+
+    backend: Backend
+    device: str = ""
+    precision: str = ""
+    variant: str = ""
+    version: str = ""
+    address: str = ""
+
+    @property
+    def label(self) -> str:
+        """The short name (``pytorch-cpu``, ``onnxruntime-cpu``, ``tensorrt-rtx``, ``server``).
+
+        The first word of :meth:`describe`, and the ``backend`` label of the metrics.
+        """
+        if self.backend in (Backend.PYTORCH, Backend.ONNXRUNTIME):
+            return f"{self.backend}-{self.device}"
+        return "server" if self.backend is Backend.REMOTE else str(self.backend)
+
+    def describe(self) -> str:
+        """The display name: ``pytorch-cuda fp16 cuda-graph``, ``tensorrt fp16``, ``server URL``."""
+        if self.backend is Backend.REMOTE:
+            return f"server {self.address}"
+        return " ".join(w for w in (self.label, self.precision, self.variant) if w)
+
+
 @dataclass(frozen=True)
 class GenerationOptions:
     """How to pick tokens and when to stop.
@@ -103,13 +151,22 @@ class GenerationStats:
 
 
 class StepModel(Protocol):
-    """The only part a backend implements: run tokens at a position, return last logits."""
+    """The only part a backend implements: run tokens at a position, return last logits.
+
+    ``identity`` says what runs the step; ``name`` is its display form (``identity.describe()``
+    for the bundled backends).
+    """
 
     name: str
     capacity_tokens: int
+    identity: BackendIdentity
 
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
         """Write K/V of ``token_ids`` at ``start_pos...`` and return the last token's fp32 logits."""
+        ...
+
+    def close(self) -> None:
+        """Release what the step holds beyond Python's memory (GPU memory, caches to save); idempotent."""
         ...
 
 
@@ -132,10 +189,41 @@ class TokenStepModel(StepModel, Protocol):
 
 
 class Decoder(Protocol):
-    """A stateful decoder holding one conversation's KV cache."""
+    """A stateful decoder holding one conversation's KV cache.
+
+    Besides decoding, it says what it is and how it got ready, as the UI, the turn records
+    and the metrics show it: ``identity`` (backend, device, precision as data), ``fallback``
+    (why ``--backend auto`` runs it instead of the TensorRT it picked; ``""`` when it did
+    not fall back) and ``cache_status`` (what start-up reused or made: ``engine cache hit``,
+    ``ONNX exported in 14 s``, ``eager, nothing to cache``).
+    """
 
     name: str
     capacity_tokens: int
+
+    @property
+    def identity(self) -> BackendIdentity:
+        """What decodes, as data."""
+        ...
+
+    @property
+    def fallback(self) -> str:
+        """Why ``--backend auto`` fell back to this backend; ``""`` when it did not."""
+        ...
+
+    @property
+    def cache_status(self) -> str:
+        """What start-up reused or had to make, in words (the UI's ``engine:`` line)."""
+        ...
+
+    @property
+    def cached_ids(self) -> Sequence[int]:
+        """The token ids the KV cache holds (the conversation so far)."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend's resources (GPU memory, connections); idempotent."""
+        ...
 
     def reset(self) -> None:
         """Forget the cached prefix."""

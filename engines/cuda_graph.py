@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.base import GenerationOptions
+from engines.base import Backend, BackendIdentity, GenerationOptions
 from engines.torch_sampling import DeviceSampler, supports
 from models.decoder import Decoder as DecoderModel
 from models.decoder import KVCache
@@ -179,14 +179,15 @@ class CudaGraphStep:
         self.ahead: _Ahead | None = None
         self.graphs: list[torch.cuda.CUDAGraph] = []
         kind = "cuda-graph" if options.capture else "static"
-        self.name = f"pytorch-{self.device.type} {PRECISION[self.dtype]} {kind}"
+        variant = f"{kind}+compile" if options.compile else kind
+        self.identity = BackendIdentity(Backend.PYTORCH, self.device.type, PRECISION[self.dtype], variant)
+        self.name = self.identity.describe()
         prefill: Compute = self._prefill_compute
         decode: Compute = self._decode_compute
         self.compiled = options.compile
         if options.compile:
             prefill = torch.compile(self._prefill_compute, fullgraph=True)
             decode = torch.compile(self._decode_compute, fullgraph=True)
-            self.name += "+compile"
         Run = Callable[[], None]
         self.runs: dict[int, Run] = {t: partial(self._run, t, prefill) for t in self.buckets}
         self.decodes: dict[int, Run] = {w: partial(self._decode, w, decode) for w in self.windows}
@@ -300,6 +301,9 @@ class CudaGraphStep:
         self._feed(token_ids, start_pos)
         # A copy even on the CPU: the static buffer is overwritten by the next call.
         return self.logits[0].to("cpu", copy=True).numpy()
+
+    def close(self) -> None:
+        """Nothing to release beyond memory (graphs and buffers go with the step)."""
 
     def begin_choosing(self, options: GenerationOptions) -> bool:
         """Choose on the device unless ``options`` need the host (repetition penalty)."""

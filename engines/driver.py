@@ -135,6 +135,7 @@ class DecoderDriver:
             frozenset() if tokenizer_eos is None else {tokenizer_eos}
         )
         self.name = step.name
+        self.identity = step.identity
         self.capacity_tokens = step.capacity_tokens
         self.cached_ids: list[int] = []
         self.busy = False  # a generation is being iterated
@@ -149,9 +150,7 @@ class DecoderDriver:
         A TensorRT step frees its GPU memory and saves the TensorRT-RTX runtime cache (the
         kernels compiled while the app ran), so the next start does not compile them again.
         """
-        close = getattr(self.step, "close", None)
-        if close is not None:
-            close()
+        self.step.close()
 
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold ``prompt_ids``; return the last token's logits.

@@ -56,7 +56,7 @@ import onnx
 
 import models
 from engines.cache_lock import EntryLock, lock_entry, staging_dir, sweep_staging
-from engines.progress import ProgressCallback, emit
+from engines.progress import Cache, ProgressCallback, Stage, emit
 from models.config import DecoderConfig
 from models.files import check_model_dir
 from store.records import HashMemo, publish_folder, sha256_file
@@ -266,11 +266,11 @@ def export_decoder(
     sweep_staging(folder.parent)  # what killed exports left (hidden, ~230 MB each)
     if folder.exists() and not force and check_export(folder, expected) is None:
         # A hit needs no lock (nor a writable folder): entries are replaced by a rename.
-        emit(progress, "cached", f"ONNX export cache hit ({options.dtype})", cache="onnx_export")
+        emit(progress, Stage.CACHED, f"ONNX export cache hit ({options.dtype})", cache=Cache.ONNX_EXPORT)
         return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), ExportRecord.read(folder).metadata)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with lock_entry(folder, on_wait=lambda m: emit(progress, "wait", m)):
+        with lock_entry(folder, on_wait=lambda m: emit(progress, Stage.WAIT, m)):
             return _export_locked(model_dir, options, weights_sha, folder, force, progress)
     except OSError as e:
         raise ExportError(f"cannot write the ONNX export under {folder.parent}: {e}") from e
@@ -294,11 +294,11 @@ def _export_locked(
         problem = check_export(folder, expected)
         if problem is None:
             metadata = ExportRecord.read(folder).metadata
-            emit(progress, "cached", f"ONNX export cache hit ({options.dtype})", cache="onnx_export")
+            emit(progress, Stage.CACHED, f"ONNX export cache hit ({options.dtype})", cache=Cache.ONNX_EXPORT)
             return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), metadata)
         notice = f"cached export unusable, exporting again: {problem}"
         logger.warning("%s", notice)
-    emit(progress, "export", f"exporting ONNX ({options.dtype}), once per model", cache="onnx_export")
+    emit(progress, Stage.EXPORT, f"exporting ONNX ({options.dtype}), once per model", cache=Cache.ONNX_EXPORT)
     start = time.monotonic()
     with staging_dir(folder) as tmp:
         staged = Path(tmp) / "out"

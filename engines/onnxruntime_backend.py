@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from engines.base import Backend, BackendIdentity
 from engines.driver import DecoderDriver, Detokenizer
 from engines.onnx_export import (
     INPUT_IDS,
@@ -71,7 +72,8 @@ class OnnxRuntimeStep:
         self.session = session
         self.config = config
         self.capacity_tokens = capacity_tokens
-        self.name = f"onnxruntime-cpu {dtype}"
+        self.identity = BackendIdentity(Backend.ONNXRUNTIME, "cpu", dtype)
+        self.name = self.identity.describe()
         self.np_dtype = NUMPY_DTYPES[dtype]
         self.past_names = past_names(config.num_layers)
         self.present_names = present_names(config.num_layers)
@@ -127,6 +129,9 @@ class OnnxRuntimeStep:
         self.session.run_with_iobinding(b)
         self.current, self.length_tokens = 1 - self.current, start_pos + count
         return self.logits[0].copy()
+
+    def close(self) -> None:
+        """Nothing to release beyond memory (the session goes with the step)."""
 
 
 def session_options(options: OnnxRuntimeOptions) -> ort.SessionOptions:

@@ -7,10 +7,45 @@ must be thread-safe and quick (post a message, do not draw).
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+
+class Stage(enum.StrEnum):
+    """What an :class:`EngineProgress` event is about (a ``str``: logs and JSON show the word)."""
+
+    EXPORT = "export"  # an ONNX export started (the export cache missed)
+    PARSE = "parse"  # TensorRT parses the ONNX export
+    BUILD = "build"  # a TensorRT builder phase (``phase``, ``step`` of ``num_steps``)
+    SAVE = "save"  # the built engine is written into its cache folder
+    CACHED = "cached"  # a cache hit
+    MISS = "miss"  # a cache had nothing usable
+    REBUILD = "rebuild"  # a cached engine was unusable; it is built again (``reason``)
+    WARMUP = "warmup"  # the engine ran its warm-up
+    DONE = "done"  # an engine was built
+    CONVERT = "convert"  # a GGUF file converting into the store (``step`` of 100)
+    WAIT = "wait"  # another process holds the cache entry; waiting for it
+    GATE = "gate"  # the accuracy gate checks a TensorRT engine against PyTorch
+
+
+class Cache(enum.StrEnum):
+    """The caches that make a second start fast; the metrics count a hit or a miss of each."""
+
+    ONNX_EXPORT = "onnx_export"
+    ENGINE = "engine"
+    TIMING_CACHE = "timing_cache"
+    RUNTIME_CACHE = "runtime_cache"
+    COMPILE_CACHE = "compile_cache"
+
+
+class RebuildReason(enum.StrEnum):
+    """Why a ``rebuild`` happened."""
+
+    UNUSABLE = "unusable"  # the cache check refused the entry
+    INCOMPATIBLE = "incompatible"  # TensorRT refused the engine on this machine
 
 
 @dataclass(frozen=True)
@@ -18,10 +53,7 @@ class EngineProgress:
     """One step of getting an engine ready.
 
     Attributes:
-        stage: ``export``, ``parse``, ``build`` (TensorRT phases), ``save``, ``cached`` (a
-            cache hit), ``miss`` (a cache had nothing usable), ``rebuild`` (a cached engine
-            was unusable), ``warmup``, ``done`` (an engine was built) or ``convert`` (a GGUF
-            file converting into the store; ``step`` of ``num_steps`` = 100).
+        stage: What happened (:class:`Stage`).
         message: Human-readable line (phase name, or what happened).
         phase: TensorRT phase name for ``build`` events, else ``""``.
         parent: The enclosing TensorRT phase, ``""`` at the top level.
@@ -29,12 +61,12 @@ class EngineProgress:
         num_steps: Steps ``phase`` has (0 when not a TensorRT phase).
         finished: The phase ended.
         t_ns: ``time.monotonic_ns()`` when it happened.
-        cache: Which cache a ``cached``/``miss``/``export``/``rebuild``/``done`` event is about:
-            one of :data:`CACHES`, else ``""``.
-        reason: Why a ``rebuild`` happened, as a short word (``unusable``, ``incompatible``).
+        cache: Which cache a ``cached``/``miss``/``export``/``rebuild``/``done`` event is about
+            (:class:`Cache`), else ``""``.
+        reason: Why a ``rebuild`` happened (:class:`RebuildReason`), else ``""``.
     """
 
-    stage: str
+    stage: Stage
     message: str
     phase: str = ""
     parent: str = ""
@@ -42,33 +74,40 @@ class EngineProgress:
     num_steps: int = 0
     finished: bool = False
     t_ns: int = 0
-    cache: str = ""
-    reason: str = ""
+    cache: Cache | str = ""
+    reason: RebuildReason | str = ""
 
 
-CACHES = ("onnx_export", "engine", "timing_cache", "runtime_cache", "compile_cache")
-"""The caches that make a second start fast; the metrics count a hit or a miss of each."""
+CACHES = tuple(Cache)
+"""Every :class:`Cache`, in order (the metrics show a zero for each before its first lookup)."""
 
-REBUILD_REASONS = ("unusable", "incompatible")
-"""Why a ``rebuild`` happened: the cache check refused the entry, or TensorRT refused the engine."""
+REBUILD_REASONS = tuple(RebuildReason)
+"""Every :class:`RebuildReason`."""
 
 
 ProgressCallback = Callable[[EngineProgress], None]
 
 
 def emit(
-    callback: ProgressCallback | None, stage: str, message: str, *, cache: str = "", reason: str = ""
+    callback: ProgressCallback | None,
+    stage: Stage,
+    message: str,
+    *,
+    cache: Cache | None = None,
+    reason: RebuildReason | None = None,
 ) -> None:
     """Send a stage event (not a TensorRT phase) to ``callback`` if there is one."""
-    assert cache in ("", *CACHES), cache
-    assert stage != "rebuild" or reason in REBUILD_REASONS, reason
+    assert stage != Stage.REBUILD or reason is not None, stage
     if callback is not None:
-        callback(EngineProgress(stage, message, t_ns=time.monotonic_ns(), cache=cache, reason=reason))
+        event = EngineProgress(
+            stage, message, t_ns=time.monotonic_ns(), cache=cache or "", reason=reason or ""
+        )
+        callback(event)
 
 
-def emit_lookup(callback: ProgressCallback | None, cache: str, hit: bool, message: str) -> None:
+def emit_lookup(callback: ProgressCallback | None, cache: Cache, hit: bool, message: str) -> None:
     """A ``cached`` (hit) or ``miss`` event of ``cache``."""
-    emit(callback, "cached" if hit else "miss", message, cache=cache)
+    emit(callback, Stage.CACHED if hit else Stage.MISS, message, cache=cache)
 
 
 class ConsolePrinter:
@@ -81,11 +120,11 @@ class ConsolePrinter:
 
     def __call__(self, event: EngineProgress) -> None:
         """Print ``event`` if it is a stage or the start/end of a top-level TensorRT phase."""
-        if event.stage == "build" and (event.parent or (event.step > 0 and not event.finished)):
+        if event.stage == Stage.BUILD and (event.parent or (event.step > 0 and not event.finished)):
             return
         elapsed_s = (event.t_ns - self.start_ns) / 1e9
         what = event.message
-        if event.stage == "build":
+        if event.stage == Stage.BUILD:
             what = f"{event.phase} ({'done' if event.finished else f'{event.num_steps} steps'})"
         with self.lock:
             self.write(f"[{elapsed_s:6.1f} s] {event.stage}: {what}")

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engines.base import StepModel
+from engines.base import Backend, BackendIdentity, StepModel
 from engines.cuda_graph import PRECISION, CudaGraphStep, GraphOptions
 from engines.driver import DecoderDriver, Detokenizer
-from engines.progress import ProgressCallback, emit_lookup
+from engines.progress import Cache, ProgressCallback, emit_lookup
 from models.config import DecoderConfig
 from models.decoder import Decoder as DecoderModel
 from models.decoder import KVCache
@@ -94,7 +94,8 @@ class TorchStep:
         self.dtype = param.dtype
         self.capacity_tokens = capacity_tokens
         self.cache = KVCache.allocate(model.config, capacity_tokens, dtype=self.dtype, device=self.device)
-        self.name = f"pytorch-{self.device.type} {PRECISION[self.dtype]}"
+        self.identity = BackendIdentity(Backend.PYTORCH, self.device.type, PRECISION[self.dtype])
+        self.name = self.identity.describe()
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
@@ -105,6 +106,9 @@ class TorchStep:
         logits = self.model(ids, positions, self.cache, kv_len=end, last_only=True)
         # .cpu() synchronizes the device, so the caller's clock reads after the GPU finished.
         return logits[0, -1].cpu().numpy()
+
+    def close(self) -> None:
+        """Nothing to release beyond memory (the cache goes with the step)."""
 
 
 def configure_threads(threads: int) -> None:
@@ -167,7 +171,7 @@ def load_torch_decoder(
             cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
             warm = cache is not None and any(Path(cache).glob("*"))
             status = "compile cache hit" if warm else "compile cache empty: compiled at start"
-            emit_lookup(progress, "compile_cache", warm, f"{status}: {cache}")
+            emit_lookup(progress, Cache.COMPILE_CACHE, warm, f"{status}: {cache}")
         graph_options = GraphOptions(
             options.prefill_buckets, options.decode_windows, capture=True, compile=options.compile
         )

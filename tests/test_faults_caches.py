@@ -140,9 +140,13 @@ class NanStep:
 
     def __init__(self, inner):
         self.inner, self.name, self.capacity_tokens = inner, inner.name, inner.capacity_tokens
+        self.identity = inner.identity
 
     def forward(self, token_ids, start_pos):
         return self.inner.forward(token_ids, start_pos) * np.float32("nan")
+
+    def close(self):
+        self.inner.close()
 
 
 @pytest.mark.slow

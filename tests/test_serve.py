@@ -181,7 +181,7 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
     from assistant.app import build_session
     from assistant.config import DecoderSettings, GenerationSettings, Settings
     from assistant.events import TokenGenerated
-    from assistant.turns.protocols import LLM_SERVER_LOST
+    from assistant.events import CancelReason
 
     port = free_port()
     server = start(model_dir, port, sequences=2)
@@ -200,7 +200,7 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
         assert (decoder.name, decoder.served_model) == (f"server 127.0.0.1:{port}", "smollm2-135m-instruct")
         story = "Tell me a long story about a dragon."
         first = session.pipeline.run_text_turn(1, story, None, threading.Event())
-        assert first.cancelled == LLM_SERVER_LOST
+        assert first.cancelled == CancelReason.LLM_SERVER_LOST
         work = server.work.name  # the model's process (Triton's stub) must not outlive the server
         deadline = time.monotonic() + 10
         while subprocess.run(["pgrep", "-f", work], capture_output=True).returncode == 0:
@@ -214,7 +214,7 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
         assert second.prompt_tokens > first.prompt_tokens  # the story's turn is in the prompt
         server.stop()  # gone between two turns: the connection looks fine until it is used
         gone = session.pipeline.run_text_turn(3, "Are you there?", None, threading.Event())
-        assert gone.cancelled == LLM_SERVER_LOST and gone.tokens == 0
+        assert gone.cancelled == CancelReason.LLM_SERVER_LOST and gone.tokens == 0
         turns = session.pipeline.dialogue.turns
         assert [t.user for t in turns] == [story, "What is the capital of France?", "Are you there?"]
     finally:

@@ -29,11 +29,15 @@ class NoisyStep:
     def __init__(self, step, scale, seed=0):
         self.step, self.scale = step, scale
         self.name, self.capacity_tokens = f"noisy {step.name}", step.capacity_tokens
+        self.identity = step.identity
         self.rng = np.random.default_rng(seed)
 
     def forward(self, token_ids, start_pos):
         logits = self.step.forward(token_ids, start_pos)
         return logits + self.rng.normal(0, self.scale * logits.std(), logits.shape).astype(np.float32)
+
+    def close(self):
+        self.step.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from assistant.events import (
     AudioDeviceLost,
     AudioDeviceRestored,
     BargeIn,
+    CancelReason,
     Event,
     PartialTranscript,
     SentenceReady,
@@ -45,7 +46,7 @@ from assistant.stages.vad import (
 )
 from assistant.turns.live import LiveLoop
 from assistant.turns.pipeline import VoicePipeline
-from assistant.turns.protocols import LLM_SERVER_LOST, MICROPHONE_LOST, SPEAKER_LOST, PipelineOptions
+from assistant.turns.protocols import PipelineOptions
 from store.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -135,14 +136,14 @@ class ConsoleReporter:
             line = event.record.summary()
         elif isinstance(event, AudioDeviceLost | AudioDeviceRestored):
             line = device_notice(event)
-        elif isinstance(event, TurnCancelled) and event.reason == SPEAKER_LOST:
+        elif isinstance(event, TurnCancelled) and event.reason == CancelReason.SPEAKER_LOST:
             line = f"[turn {event.turn_id}] reply cut: the speaker was lost (its text above is kept)"
-        elif isinstance(event, TurnCancelled) and event.reason == LLM_SERVER_LOST:
+        elif isinstance(event, TurnCancelled) and event.reason == CancelReason.LLM_SERVER_LOST:
             line = (
                 f"[turn {event.turn_id}] reply cut: the LLM server stopped answering (the text so far is "
                 "kept; the next turn connects again)"
             )
-        elif isinstance(event, TurnCancelled) and event.reason == MICROPHONE_LOST:
+        elif isinstance(event, TurnCancelled) and event.reason == CancelReason.MICROPHONE_LOST:
             line = f"[turn {event.turn_id}] dropped: the microphone was lost while you spoke"
         if line:
             with self.lock:

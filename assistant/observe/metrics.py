@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,7 +35,8 @@ from assistant.config.sections import MetricsOptions
 from assistant.events import AudioDeviceLost, BargeIn, Event, SpeculationDiscarded, TurnDone
 from assistant.observe.gpu import GpuMonitor, GpuUnreadable
 from assistant.observe.latency import STAGES, TurnRecord
-from engines.progress import CACHES, REBUILD_REASONS, EngineProgress
+from engines.base import Decoder
+from engines.progress import CACHES, REBUILD_REASONS, Cache, EngineProgress, Stage
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -226,32 +227,29 @@ class Metrics:
 
     def engine_event(self, event: EngineProgress) -> None:
         """Count cache hits and misses, engine builds and rebuilds from the decoder's start-up."""
-        if event.stage in ("cached", "miss", "export") and event.cache:
-            self.lookups.labels(event.cache, "hit" if event.stage == "cached" else "miss").inc()
-        elif event.stage == "done" and event.cache == "engine":
+        if event.stage in (Stage.CACHED, Stage.MISS, Stage.EXPORT) and event.cache:
+            self.lookups.labels(event.cache, "hit" if event.stage == Stage.CACHED else "miss").inc()
+        elif event.stage == Stage.DONE and event.cache == Cache.ENGINE:
             self.builds.inc()
-        elif event.stage == "rebuild":
+        elif event.stage == Stage.REBUILD:
             self.rebuilds.labels(event.reason or "unknown").inc()
 
-    def attach(self, decoder: object, model: str, asr_model: str) -> None:
+    def attach(self, decoder: Decoder, model: str, asr_model: str) -> None:
         """The built session's decoder and models: the info metric, the KV cache gauges and a fallback."""
         self.gauges.decoder = decoder
-        name = str(getattr(decoder, "name", ""))
-        precision = next((w for w in name.split() if w in ("fp32", "fp16", "bf16", "int8")), "")
-        flavour = getattr(getattr(decoder, "step", None), "flavour", None)
-        fallback = str(getattr(decoder, "fallback", ""))
+        identity = decoder.identity
         self.info.info(
             {
-                "backend": name.split()[0] if name else "",
-                "precision": precision,
+                "backend": identity.label,
+                "precision": identity.precision,
                 "model": model,
                 "asr_model": asr_model,
-                "tensorrt_version": str(getattr(flavour, "version", "")),
+                "tensorrt_version": identity.version,
                 "gpu": self.gauges.gpu.name,
             }
         )
-        if fallback:
-            self.fallbacks.labels(name.split()[0] if name else "").inc()
+        if decoder.fallback:
+            self.fallbacks.labels(identity.label).inc()
 
     def serve(self, options: MetricsOptions) -> WSGIServer:
         """Serve ``/metrics`` on ``options.host:options.port`` in a daemon thread.
@@ -287,7 +285,7 @@ class _ScrapeTimeGauges(Collector):
 
     def __init__(self, gpu: GpuMonitor) -> None:
         self.gpu = gpu
-        self.decoder: Any = None
+        self.decoder: Decoder | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The current values; a GPU that cannot be read leaves its gauges out of this scrape."""
@@ -295,12 +293,12 @@ class _ScrapeTimeGauges(Collector):
             yield GaugeMetricFamily(
                 "assistant_kv_cache_tokens",
                 "Tokens held in the decoder's KV cache (the conversation so far)",
-                value=len(getattr(self.decoder, "cached_ids", ())),
+                value=len(self.decoder.cached_ids),
             )
             yield GaugeMetricFamily(
                 "assistant_kv_cache_capacity_tokens",
                 "KV cache capacity in tokens (--context-tokens)",
-                value=int(getattr(self.decoder, "capacity_tokens", 0)),
+                value=self.decoder.capacity_tokens,
             )
         try:
             sample = self.gpu.sample()

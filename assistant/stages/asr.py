@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from assistant.config.sections import AsrOptions
-from assistant.stages.audio import SAMPLE_RATE_HZ, resample
+from assistant.stages.streams import SAMPLE_RATE_HZ, resample
 from store.bundled import BUNDLED, ModelStore
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from assistant.config import DecoderSettings, ModelSettings
 from engines.driver import DecoderDriver
-from engines.progress import EngineProgress, ProgressCallback, emit
+from engines.progress import EngineProgress, ProgressCallback, Stage, emit
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
 from models.files import FETCH_HINT, CorruptModel, ModelNotFound
@@ -57,12 +57,12 @@ def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) 
         logger.info("%s: %s", gguf.name, what)
         if progress is not None:
             done = fraction >= 1.0
-            event = EngineProgress("convert", what, "convert GGUF", "", round(100 * fraction), 100, done)
+            event = EngineProgress(Stage.CONVERT, what, "convert GGUF", "", round(100 * fraction), 100, done)
             progress(dataclasses.replace(event, t_ns=time.monotonic_ns()))
 
     stored = stored_gguf_dir(gguf, store, step)
     if stored is not None:
-        emit(progress, "cached", f"{gguf.name}: converted already ({stored.name})")
+        emit(progress, Stage.CACHED, f"{gguf.name}: converted already ({stored.name})")
         return stored
     return convert_into_store(gguf, store, step)
 
@@ -230,19 +230,31 @@ def _load_llm(
 
 
 def _failure(error: Exception) -> str:
-    """What failed, in words: ``engine build failed (<the error>)``; a gate failure says it itself."""
-    if type(error).__name__ == "GateFailed":
+    """What failed, in words: ``engine build failed (<the error>)``; a gate failure says it itself.
+
+    The classes are imported here, not at the top: only a TensorRT that failed needs them (and
+    :func:`load_llm` has imported their modules by then).
+    """
+    from engines.onnx_export import ExportError
+    from engines.tensorrt.builder import EngineBuildError, OnnxParseError
+    from engines.tensorrt.cuda_mem import CudaError
+    from engines.tensorrt.flavour import TensorRTUnavailable
+    from engines.tensorrt.gate import GateFailed
+    from engines.tensorrt.runtime import EngineIncompatible, EngineRuntimeError
+
+    if isinstance(error, GateFailed):
         return str(error)
-    kinds = {
-        "TensorRTUnavailable": "TensorRT unavailable",
-        "EngineIncompatible": "engine does not run here",
-        "EngineBuildError": "engine build failed",
-        "OnnxParseError": "ONNX parser refused the export",
-        "ExportError": "ONNX export failed",
-        "EngineRuntimeError": "engine failed while running",
-        "CudaError": "CUDA error",
-    }
-    return f"{kinds.get(type(error).__name__, type(error).__name__)} ({error})"
+    kinds: tuple[tuple[type[Exception], str], ...] = (  # a subclass before its base
+        (TensorRTUnavailable, "TensorRT unavailable"),
+        (EngineIncompatible, "engine does not run here"),
+        (OnnxParseError, "ONNX parser refused the export"),
+        (EngineBuildError, "engine build failed"),
+        (ExportError, "ONNX export failed"),
+        (EngineRuntimeError, "engine failed while running"),
+        (CudaError, "CUDA error"),
+    )
+    what = next((words for kind, words in kinds if isinstance(error, kind)), type(error).__name__)
+    return f"{what} ({error})"
 
 
 class _Loader:

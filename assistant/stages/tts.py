@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from assistant.config.sections import TtsOptions
-from assistant.stages.audio import resample
+from assistant.stages.streams import resample
 
 logger = logging.getLogger(__name__)
 

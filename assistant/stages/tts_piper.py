@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from assistant.stages.audio import resample
+from assistant.stages.streams import resample
 from assistant.stages.tts import WARM_UP_TEXT, Synthesizer, TtsError, TtsOptions, TtsUnavailable
 from store.bundled import BUNDLED, ModelStore
 from store.records import check_files

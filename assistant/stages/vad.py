@@ -21,7 +21,7 @@ from assistant.events import (
     SpeechStarted,
     TurnDecision,
 )
-from assistant.stages.audio import SAMPLE_RATE_HZ
+from assistant.stages.streams import SAMPLE_RATE_HZ
 
 CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
 CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk

@@ -30,8 +30,8 @@ from assistant.config import Settings
 from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDone
 from assistant.observe.gpu import GpuMonitor
 from assistant.observe.latency import TurnRecord, build_record, export_report
-from assistant.stages.audio import AudioSink, FileSink
 from assistant.stages.devices import device_notice
+from assistant.stages.playback import AudioSink, FileSink
 from assistant.tui.breakdown import LatencyBreakdown
 from assistant.tui.fold import TurnFold
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, PipelineEvent, SessionReady

@@ -7,6 +7,7 @@ from assistant.events import (
     AudioDeviceRestored,
     AudioReady,
     BargeIn,
+    CancelReason,
     Event,
     MicLevel,
     PartialTranscript,
@@ -25,7 +26,6 @@ from assistant.events import (
 )
 from assistant.stages.devices import device_notice
 from assistant.tui.widgets import Conversation, StatusBar
-from assistant.turns.protocols import LLM_SERVER_LOST
 
 
 class TurnFold:
@@ -108,7 +108,7 @@ class TurnFold:
         elif isinstance(event, TurnCancelled):
             conversation.flush()
             conversation.cancelled(turn, event.reason)
-            if event.reason == LLM_SERVER_LOST:
+            if event.reason == CancelReason.LLM_SERVER_LOST:
                 conversation.notice(
                     "the LLM server stopped answering: the text so far is kept, the next turn connects again",
                     error=True,

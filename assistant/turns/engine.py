@@ -33,6 +33,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from assistant.events import (
+    CancelReason,
+    DiscardReason,
     Event,
     SpeculationConfirmed,
     SpeechEnded,
@@ -42,10 +44,6 @@ from assistant.events import (
     SpeechStarted,
     TurnCancelled,
 )
-from assistant.turns.protocols import MICROPHONE_LOST
-
-SPEECH_RESUMED = "speech resumed"  # SpeculationDiscarded.reason: the user went on
-CUT_FOR_LENGTH = "cut for length"  # SpeculationDiscarded.reason: the turn was cut at max_utterance_s
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ class Discard:
     """Drop ``attempt``'s work unheard (nothing of it played) and stop it."""
 
     attempt: int
-    reason: str
+    reason: DiscardReason
 
 
 @dataclass(frozen=True)
@@ -182,7 +180,7 @@ class TurnEngine:
             ours = None
         if isinstance(event, SpeechResumed):
             if ours is not None and not ours.audio_started:
-                return self._discard(ours, SPEECH_RESUMED)
+                return self._discard(ours, DiscardReason.SPEECH_RESUMED)
             if ours is not None and self.rules.barge_in:
                 return self._barge_in(ours, event.t_ns)
         elif isinstance(event, SpeechPaused):
@@ -192,7 +190,7 @@ class TurnEngine:
             self._partial_audio_ms = 0.0
             actions: list[Action] = []
             if event.cut and ours is not None:  # speculation on speech that goes on: drop it
-                actions += self._discard(ours, CUT_FOR_LENGTH)
+                actions += self._discard(ours, DiscardReason.CUT_FOR_LENGTH)
                 ours = None
             if ours is not None and not ours.confirmed:
                 ours.confirmed = True
@@ -238,10 +236,12 @@ class TurnEngine:
         actions: list[Action] = []
         newest = self.attempts[-1] if self.attempts else None
         if newest is not None and not newest.confirmed:
-            actions += self._discard(newest, MICROPHONE_LOST)  # speculative: the rest will not come
+            actions += self._discard(
+                newest, DiscardReason.MICROPHONE_LOST
+            )  # speculative: the rest will not come
             turn = turn or newest.turn_id
         if turn:
-            actions.append(Emit(TurnCancelled(turn, now_ns, MICROPHONE_LOST)))
+            actions.append(Emit(TurnCancelled(turn, now_ns, CancelReason.MICROPHONE_LOST)))
         return actions
 
     def interrupt(self) -> list[Action]:
@@ -274,7 +274,7 @@ class TurnEngine:
         self.attempts.append(attempt)
         return Start(attempt.id, turn_id, first, confirmed)
 
-    def _discard(self, attempt: Attempt, reason: str) -> list[Action]:
+    def _discard(self, attempt: Attempt, reason: DiscardReason) -> list[Action]:
         attempt.discarded = attempt.cancelled = True
         return [Discard(attempt.id, reason)]
 

@@ -198,7 +198,7 @@ class LiveLoop:
                 self.runs[action.attempt].cancel.set()
             elif isinstance(action, BargeInAction):
                 self.runs[action.attempt].cancel.set()
-                latency_ms = self.speaker.output_latency_ms() if self.speaker is not None else 0.0
+                latency_ms = self.speaker.output_latency_ms if self.speaker is not None else 0.0
                 barge_in = BargeIn(action.turn_id, time.monotonic_ns(), action.onset_t_ns, latency_ms)
                 self.pipeline.emit(barge_in)
             elif isinstance(action, StopSpeaker):

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import numpy as np
 
 from assistant.events import (
+    CancelReason,
+    DiscardReason,
     Event,
     PartialTranscript,
     PlaybackEnded,
@@ -37,8 +39,6 @@ from assistant.stages.audio import AudioSink
 from assistant.stages.dialogue import Dialogue, Reply
 from assistant.stages.vad import SAMPLE_RATE_HZ
 from assistant.turns.protocols import (
-    LLM_SERVER_LOST,
-    SPEAKER_LOST,
     HeldSpeech,
     PipelineOptions,
     ReplyGate,
@@ -131,7 +131,7 @@ class VoicePipeline:
             if not gate.wait(cancel):
                 self._discarded(turn, start_ns, gate.reason)
                 return None
-            self.emit(TurnCancelled(turn, time.monotonic_ns(), "no words recognised"))
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), CancelReason.NO_WORDS))
             record: TurnRecord | None = self._finish(turn)
         else:
             record = self._answer(turn, text, sink, cancel, gate, start_ns)
@@ -199,22 +199,26 @@ class VoicePipeline:
         lost = audio.finish_playing() if audio is not None else ""
         self.emit(PlaybackEnded(turn, time.monotonic_ns()))
         if turn in self._server_lost and not cancel.is_set():
-            self.emit(TurnCancelled(turn, time.monotonic_ns(), LLM_SERVER_LOST, self.dialogue_reply()))
+            self.emit(
+                TurnCancelled(turn, time.monotonic_ns(), CancelReason.LLM_SERVER_LOST, self.dialogue_reply())
+            )
         elif lost and not cancel.is_set():
             # The speaker went away: the reply is cut, but its text stays in the conversation
             # and the record (it was shown; the user can read it or ask again).
             logger.info("turn %d: playback given up: %s", turn, lost)
-            self.emit(TurnCancelled(turn, time.monotonic_ns(), SPEAKER_LOST, self.dialogue_reply()))
+            self.emit(
+                TurnCancelled(turn, time.monotonic_ns(), CancelReason.SPEAKER_LOST, self.dialogue_reply())
+            )
         elif cancel.is_set():
             heard = audio.heard() if audio is not None else self.dialogue_reply()
             self.dialogue.revise_last_reply(heard)
-            self.emit(TurnCancelled(turn, time.monotonic_ns(), "interrupted", heard))
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), CancelReason.INTERRUPTED, heard))
         return self._finish(turn)
 
-    def _discarded(self, turn: int, start_ns: int, reason: str = "") -> None:
+    def _discarded(self, turn: int, start_ns: int, reason: DiscardReason) -> None:
         self._transcribing.discard(turn)  # the user goes on: partial transcripts again
         work_ms = (time.monotonic_ns() - start_ns) / 1e6
-        self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), reason or "speech resumed", work_ms))
+        self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), reason, work_ms))
 
     def partial_transcript(self, turn: int, audio: np.ndarray) -> None:
         """Transcribe the utterance in progress for the live display (``PartialTranscript``).
@@ -310,7 +314,7 @@ class VoicePipeline:
             turn,
             self._snapshot(),
             backend=self.dialogue.decoder.name,
-            backend_fallback=getattr(self.dialogue.decoder, "fallback", ""),
+            backend_fallback=self.dialogue.decoder.fallback,
             llm_model=self.llm_model,
             asr_model=self.transcriber.description,
             tts_voice=self.synthesizer.description if self.synthesizer is not None else "",

@@ -15,13 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from assistant.events import DiscardReason
 from assistant.stages.asr import TranscriptResult
-
-SPEAKER_LOST = "speaker lost"  # TurnCancelled.reason: the reply's text is kept, its audio was cut
-MICROPHONE_LOST = "microphone lost"  # TurnCancelled.reason: the speech in progress was dropped
-# TurnCancelled.reason: the LLM server (--llm-server) failed mid-reply; the text so far is kept
-# and the next turn connects again.
-LLM_SERVER_LOST = "llm server lost"
 
 
 class Transcribes(Protocol):
@@ -30,7 +25,7 @@ class Transcribes(Protocol):
     description: str
 
     def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
-        """The transcript of ``audio``.
+        """Transcribe 16 kHz mono float32 audio (its ``text`` and ``asr_ms`` are what turns read).
 
         ``quick``: greedy, for partials; ``long_form``: a clip of longer speech (timestamps).
         """
@@ -104,7 +99,7 @@ class ReplyGate:
     def __init__(self, confirmed: bool = True, claim_audio: Callable[[], bool] | None = None) -> None:
         self.confirmed = threading.Event()
         self.discarded = False
-        self.reason = ""
+        self.reason = DiscardReason.SPEECH_RESUMED
         self.claim_audio = claim_audio
         if confirmed:
             self.confirmed.set()
@@ -113,7 +108,7 @@ class ReplyGate:
         """The turn ended as speculated."""
         self.confirmed.set()
 
-    def discard(self, reason: str = "speech resumed") -> None:
+    def discard(self, reason: DiscardReason = DiscardReason.SPEECH_RESUMED) -> None:
         """The user spoke again (or the turn was cut for length): throw the work away."""
         self.reason = reason
         self.discarded = True

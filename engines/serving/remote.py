@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.base import ContextOverflow, GenerationOptions, TokenChunk
+from engines.base import Backend, BackendIdentity, ContextOverflow, GenerationOptions, TokenChunk
 from engines.driver import DecoderDriver, Detokenizer, StreamingGeneration
 from engines.serving.wire import (
     MODEL_NAME,
@@ -55,15 +55,19 @@ def _message(error: object) -> str:
 
 
 class RemoteStep:
-    """What the driver reads of a step (name, capacity); the forward runs on the server."""
+    """What the driver reads of a step (identity, name, capacity); the forward runs on the server."""
 
-    def __init__(self, name: str, capacity_tokens: int) -> None:
-        self.name = name
+    def __init__(self, url: str, capacity_tokens: int) -> None:
+        self.identity = BackendIdentity(Backend.REMOTE, address=url)
+        self.name = self.identity.describe()
         self.capacity_tokens = capacity_tokens
 
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
         """Not available: the server chooses tokens and sends no logits."""
         raise NotImplementedError("a served decoder sends token ids, not logits")
+
+    def close(self) -> None:
+        """Nothing here: the connection is the decoder's (:meth:`RemoteDecoder.close`)."""
 
 
 class _Stream:
@@ -148,7 +152,7 @@ class RemoteDecoder(DecoderDriver):
                 "this station's model; start the station with the server's model (--model)"
             )
         self.served_model = served.model_dir.name
-        step = RemoteStep(f"server {url}", served.context_tokens)
+        step = RemoteStep(url, served.context_tokens)
         super().__init__(step, tokenizer, eos_token_ids, cache_status=f"served by {url}")
         self.network_ms: float | None = None  # of the last generation's first token
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engines.driver import DecoderDriver, Detokenizer
 from engines.onnx_export import ExportOptions, export_decoder
-from engines.progress import ProgressCallback, emit, emit_lookup
+from engines.progress import Cache, ProgressCallback, RebuildReason, Stage, emit, emit_lookup
 from engines.tensorrt.builder import BuiltEngine, build_engine
 from engines.tensorrt.cuda_mem import GpuUnusable, find_gpu
 from engines.tensorrt.flavour import (
@@ -116,12 +116,11 @@ def load_tensorrt_decoder(
     built = build(False)
     if gate is not None:
         _refuse_failed_engine(built, gate)
-    name = f"{flavour.name} {options.precision}"
     rc_path = runtime_cache_path(cache_dir, flavour, gpu) if flavour.is_rtx else None
     try:
         step = TensorRTStep(
             flavour, built.path.read_bytes(), config, capacity_tokens,
-            cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, name=name,
+            cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, precision=options.precision,
         )  # fmt: skip
     except EngineIncompatible as e:
         if not built.cache_hit:
@@ -135,28 +134,30 @@ def load_tensorrt_decoder(
         logger.warning("cached engine %s does not run here (%s); building it again", built.path, e)
         emit(
             progress,
-            "rebuild",
+            Stage.REBUILD,
             f"cached engine does not run here ({e}); building again",
-            cache="engine",
-            reason="incompatible",
+            cache=Cache.ENGINE,
+            reason=RebuildReason.INCOMPATIBLE,
         )
         built = build(True)
         step = TensorRTStep(
             flavour, built.path.read_bytes(), config, capacity_tokens,
-            cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, name=name,
+            cuda_graphs=options.cuda_graphs, runtime_cache=rc_path, precision=options.precision,
         )  # fmt: skip
     step.engine_path = built.path
     if step.handle is not None:  # TensorRT-RTX: kernels compiled at run time, kept between runs
         hit = step.handle.loaded
-        emit_lookup(progress, "runtime_cache", hit, f"runtime cache {'hit' if hit else 'empty'}: {rc_path}")
+        emit_lookup(
+            progress, Cache.RUNTIME_CACHE, hit, f"runtime cache {'hit' if hit else 'empty'}: {rc_path}"
+        )
     driver = DecoderDriver(
         step, tokenizer, config.eos_token_ids, rope_switch_tokens=config.rope_switch_tokens
     )
     try:
         if options.warmup:
             warmup_ms = step.warm_up(options.prefill_opt_tokens, options.context_opt_tokens)
-            emit(progress, "warmup", f"warm-up {warmup_ms:.0f} ms")
-            logger.info("%s: warm-up %.0f ms", name, warmup_ms)
+            emit(progress, Stage.WARMUP, f"warm-up {warmup_ms:.0f} ms")
+            logger.info("%s: warm-up %.0f ms", step.name, warmup_ms)
         verdict = None if gate is None else prior_verdict(built.record, gate)
         if gate is not None and verdict is None:  # not checked yet (else it passed before)
             run_gate(driver, model_dir, tokenizer, gate, engine_folder=built.path.parent, progress=progress)
@@ -165,7 +166,7 @@ def load_tensorrt_decoder(
         raise
     logger.info(
         "%s: %s (%s), KV cache %d tokens on %s",
-        name, built.path, "cached" if built.cache_hit else f"built in {built.build_s:.1f} s",
+        step.name, built.path, "cached" if built.cache_hit else f"built in {built.build_s:.1f} s",
         step.capacity_tokens, gpu.name,
     )  # fmt: skip
     status = "engine cache hit" if built.cache_hit else f"engine built in {built.build_s:.0f} s"

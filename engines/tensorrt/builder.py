@@ -30,7 +30,7 @@ from engines.onnx_export import (
     ExportRecord,
     past_names,
 )
-from engines.progress import ProgressCallback, emit, emit_lookup
+from engines.progress import Cache, ProgressCallback, RebuildReason, Stage, emit, emit_lookup
 from engines.tensorrt import cache
 from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
 from engines.tensorrt.flavour import (
@@ -237,7 +237,7 @@ def build_engine(
     model_id = exported.metadata.get("assistant.model_id", "decoder")
     folder = entry_folder(cache_dir, model_id, identity)
     try:
-        lock = lock_entry(folder, cancel, on_wait=lambda m: emit(progress, "wait", m))
+        lock = lock_entry(folder, cancel, on_wait=lambda m: emit(progress, Stage.WAIT, m))
     except InterruptedError as e:
         raise EngineBuildError(f"build cancelled: {e}") from e
     # Held from the cache check until the engine is in place and reported: `engine clear`
@@ -253,12 +253,17 @@ def build_engine(
         if folder.exists() and not force:
             problem = cache.check_entry(folder, identity)
             if problem is None:
-                emit(progress, "cached", f"engine cache hit: {folder}", cache="engine")
+                emit(progress, Stage.CACHED, f"engine cache hit: {folder}", cache=Cache.ENGINE)
                 return BuiltEngine(folder / cache.ENGINE_FILE, cache.read_record(folder), True)
             notice = f"cached engine unusable, building again: {problem}"
             logger.warning("%s", notice)
-            emit(progress, "rebuild", notice, cache="engine", reason="unusable")
-        emit(progress, "miss", notice or "no engine cached for this model, GPU and options", cache="engine")
+            emit(progress, Stage.REBUILD, notice, cache=Cache.ENGINE, reason=RebuildReason.UNUSABLE)
+        emit(
+            progress,
+            Stage.MISS,
+            notice or "no engine cached for this model, GPU and options",
+            cache=Cache.ENGINE,
+        )
         start = time.monotonic()
         caches_dir = cache_dir / cache.CACHES_DIR
         calibrator = None
@@ -291,7 +296,7 @@ def build_engine(
             if calibrator is not None:
                 calibrator.free()  # its device buffers
         build_s = time.monotonic() - start
-        emit(progress, "save", f"writing {folder}")
+        emit(progress, Stage.SAVE, f"writing {folder}")
         record = {
             **identity,
             "model_id": model_id,
@@ -305,7 +310,12 @@ def build_engine(
         except OSError as e:
             raise EngineBuildError(f"cannot write the engine under {cache_dir}: {e}") from e
         logger.info("built %s in %.1f s (%d MB)", folder, build_s, record["engine"]["size"] // 10**6)
-        emit(progress, "done", f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}", cache="engine")
+        emit(
+            progress,
+            Stage.DONE,
+            f"built in {build_s:.1f} s: {folder / cache.ENGINE_FILE}",
+            cache=Cache.ENGINE,
+        )
         return BuiltEngine(folder / cache.ENGINE_FILE, record, False, build_s, notice)
 
 
@@ -360,7 +370,7 @@ def _build(
     trt = flavour.trt
     trt_logger = make_logger(trt)
     builder = trt.Builder(trt_logger)
-    emit(progress, "parse", f"parsing {exported.path}")
+    emit(progress, Stage.PARSE, f"parsing {exported.path}")
     network, _parser = _parse(flavour, trt_logger, builder, exported.path, strongly_typed)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
@@ -396,7 +406,9 @@ def _build(
             logger.warning("TensorRT rejected the timing cache %s; tuning from scratch", timing_path)
             config.set_timing_cache(config.create_timing_cache(b""), False)
         hit = bool(hit and blob)
-        emit_lookup(progress, "timing_cache", hit, f"timing cache {'hit' if hit else 'empty'}: {timing_path}")
+        emit_lookup(
+            progress, Cache.TIMING_CACHE, hit, f"timing cache {'hit' if hit else 'empty'}: {timing_path}"
+        )
     if calibrator is not None:
         # Calibration runs at one shape: the packed snippet length, with an empty KV cache.
         length = calibrator.length_tokens

@@ -21,7 +21,7 @@ from typing import Any
 
 from engines import verify
 from engines.driver import DecoderDriver
-from engines.progress import ProgressCallback, emit
+from engines.progress import ProgressCallback, Stage, emit
 from engines.tensorrt import cache
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def run_gate(
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 
     device = reference_device(model_dir)
-    emit(progress, "gate", f"accuracy gate: loading the PyTorch fp32 reference on {device}")
+    emit(progress, Stage.GATE, f"accuracy gate: loading the PyTorch fp32 reference on {device}")
     reference_options = TorchBackendOptions(
         device=device, dtype="fp32", capacity_tokens=REFERENCE_CAPACITY_TOKENS, cuda_graph="off"
     )
@@ -94,7 +94,9 @@ def run_gate(
             prompts=verify.DIALOGUE[: options.prompts],
             max_new_tokens=options.max_new_tokens,
             thresholds=options.thresholds(),
-            on_prompt=lambda done, total: emit(progress, "gate", f"accuracy gate: dialogue {done}/{total}"),
+            on_prompt=lambda done, total: emit(
+                progress, Stage.GATE, f"accuracy gate: dialogue {done}/{total}"
+            ),
         )
     finally:
         reference.close()

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from engines.progress import EngineProgress, ProgressCallback
+from engines.progress import EngineProgress, ProgressCallback, Stage
 
 
 def make_monitor(trt: Any, callback: ProgressCallback | None, cancel: threading.Event | None = None) -> Any:
@@ -28,7 +28,7 @@ def make_monitor(trt: Any, callback: ProgressCallback | None, cancel: threading.
         def _send(self, phase: str, step: int, finished: bool = False) -> None:
             if callback is not None:
                 event = EngineProgress(
-                    "build",
+                    Stage.BUILD,
                     phase,
                     phase=phase,
                     parent=self.parents.get(phase, ""),

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.base import Backend, BackendIdentity
 from engines.onnx_export import INPUT_IDS, LAST_LOGITS, POSITION_IDS, past_names, present_names
 from engines.tensorrt import cache
 from engines.tensorrt.builder import make_logger
@@ -71,7 +72,7 @@ class TensorRTStep:
         cuda_graphs: Replay decode steps as CUDA graphs (see ``EngineOptions.cuda_graphs``).
         runtime_cache: TensorRT-RTX runtime cache file (loaded now, saved by
             :meth:`save_runtime_cache`); ``None`` for full TensorRT.
-        name: Shown in the UI and the latency records.
+        precision: What the engine was built in (``fp16``, ``int8``...): part of its identity.
 
     Raises:
         EngineIncompatible: TensorRT will not deserialize the engine on this GPU.
@@ -86,10 +87,12 @@ class TensorRTStep:
         *,
         cuda_graphs: bool = False,
         runtime_cache: Path | None = None,
-        name: str = "tensorrt",
+        precision: str = "",
     ) -> None:
         trt = flavour.trt
-        self.flavour, self.config, self.name = flavour, config, name
+        self.flavour, self.config = flavour, config
+        self.identity = BackendIdentity(Backend(flavour.name), "cuda", precision, version=flavour.version)
+        self.name = self.identity.describe()  # shown in the UI and the latency records
         self.runtime = trt.Runtime(make_logger(trt))
         invalid = validity_problem(flavour, self.runtime, engine_blob)
         if invalid is not None:

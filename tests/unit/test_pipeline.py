@@ -19,6 +19,7 @@ import pytest
 from assistant.config.sections import SplitterOptions
 from assistant.events import (
     AudioStarted,
+    CancelReason,
     Event,
     PartialTranscript,
     SpeculationDiscarded,
@@ -33,8 +34,8 @@ from assistant.stages.devices import DeviceLostError
 from assistant.stages.dialogue import Dialogue
 from assistant.stages.splitter import SentenceSplitter
 from assistant.turns.pipeline import VoicePipeline
-from assistant.turns.protocols import LLM_SERVER_LOST, SPEAKER_LOST, PipelineOptions, ReplyGate
-from engines.base import GenerationOptions, GenerationStats, StopReason, TokenChunk
+from assistant.turns.protocols import PipelineOptions, ReplyGate
+from engines.base import Backend, BackendIdentity, GenerationOptions, GenerationStats, StopReason, TokenChunk
 from engines.serving.remote import ServerUnavailable
 
 RATE = 16000
@@ -101,6 +102,13 @@ class ScriptedDecoder:
     name: str = "scripted"
     capacity_tokens: int = 4096
     prompts: list[list[int]] = field(default_factory=list)
+    identity: BackendIdentity = BackendIdentity(Backend.PYTORCH, "cpu", "fp32")
+    fallback: str = ""
+    cache_status: str = "nothing to cache"
+    cached_ids: tuple[int, ...] = ()
+
+    def close(self) -> None:
+        """Nothing to free."""
 
     def generate(
         self, prompt_ids: Sequence[int], options: GenerationOptions, cancel=None
@@ -296,7 +304,7 @@ def test_a_lost_llm_server_keeps_the_text_so_far_and_says_so():
     )
     record = pipeline.run_turn(speech(1, 2.0), RecordingSink(), threading.Event())
     (cancelled,) = [e for e in events if isinstance(e, TurnCancelled)]
-    assert cancelled.reason == LLM_SERVER_LOST and cancelled.heard_text == "A week has"
+    assert cancelled.reason == CancelReason.LLM_SERVER_LOST and cancelled.heard_text == "A week has"
     assert record is not None and record.reply == "A week has"
 
 
@@ -305,7 +313,10 @@ def test_a_lost_speaker_cuts_the_audio_but_keeps_the_reply_text():
     sink = RecordingSink(lose_on_play=1)  # the second sentence finds the device gone
     record = pipeline.run_turn(speech(1, 2.0), sink, threading.Event())
     (cancelled,) = [e for e in events if isinstance(e, TurnCancelled)]
-    assert cancelled.reason == SPEAKER_LOST and cancelled.heard_text == "Seven days. That is a week."
+    assert (
+        cancelled.reason == CancelReason.SPEAKER_LOST
+        and cancelled.heard_text == "Seven days. That is a week."
+    )
     assert len(sink.played) == 1 and sink.stopped and record is not None
     assert any(isinstance(e, AudioStarted) for e in events)
 

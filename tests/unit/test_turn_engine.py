@@ -19,6 +19,8 @@ import pytest
 
 from assistant.config.sections import TurnOptions, VadOptions
 from assistant.events import (
+    CancelReason,
+    DiscardReason,
     Event,
     SpeculationConfirmed,
     SpeechEnded,
@@ -33,8 +35,6 @@ from assistant.stages.endpoint import SmartTurnPolicy
 from assistant.stages.smart_turn import TurnScore
 from assistant.stages.vad import CHUNK_MS, CHUNK_NS, CHUNK_SAMPLES, Endpointer
 from assistant.turns.engine import (
-    CUT_FOR_LENGTH,
-    SPEECH_RESUMED,
     Action,
     BargeIn,
     Cancel,
@@ -47,7 +47,6 @@ from assistant.turns.engine import (
     TurnEngine,
     TurnRules,
 )
-from assistant.turns.protocols import MICROPHONE_LOST
 
 LOUD, QUIET = 0.5, 0.0
 
@@ -168,7 +167,7 @@ def test_a_mid_sentence_pause_waits_and_the_speech_that_comes_back_discards_the_
     s = Script(probabilities=[0.1, 0.9]).speak(800).pause(400).speak(800).pause(600)
     starts, discards = s.of(Start), s.of(Discard)
     assert [st.turn_id for st in starts] == [1, 1]  # one turn: both halves
-    assert discards == [Discard(starts[0].attempt, SPEECH_RESUMED)]
+    assert discards == [Discard(starts[0].attempt, DiscardReason.SPEECH_RESUMED)]
     assert s.of(Confirm) == [Confirm(starts[1].attempt)]
     assert s.event_kinds().count("SpeechEnded") == 1
     # The second look covered both halves of the utterance, not only the last one.
@@ -196,7 +195,7 @@ def test_speech_after_the_endpoint_but_before_the_reply_rejoins_the_turn():
     s.speak(600).pause(600)
     resumed = [e for e in s.events if isinstance(e, SpeechResumed)]
     assert resumed and resumed[0].after_endpoint and resumed[0].turn_id == 1
-    assert Discard(first.attempt, SPEECH_RESUMED) in s.of(Discard)
+    assert Discard(first.attempt, DiscardReason.SPEECH_RESUMED) in s.of(Discard)
     assert [st.turn_id for st in s.of(Start)] == [1, 1]  # answered once, as one turn
     assert not s.plays(first.attempt)  # the discarded reply may not play
 
@@ -247,7 +246,7 @@ def test_a_turn_cut_for_length_drops_its_speculation_and_is_only_held():
     assert [e.cut for e in ended] == [True, False] and ended[1].after_cut
     assert isinstance(s.of(Start)[0].first, SpeechPaused)  # speculating when the cut came
     spec = s.of(Start)[0]
-    assert Discard(spec.attempt, CUT_FOR_LENGTH) in s.of(Discard)
+    assert Discard(spec.attempt, DiscardReason.CUT_FOR_LENGTH) in s.of(Discard)
     cut_run = next(st for st in s.of(Start) if isinstance(st.first, SpeechEnded) and st.first.cut)
     assert cut_run.confirmed and cut_run.turn_id == 1  # runs only to hold the speech (the pipeline's part)
     assert s.of(Start)[-1].turn_id == 2
@@ -257,14 +256,16 @@ def test_a_lost_microphone_drops_the_speculation_and_cancels_the_turn():
     s = Script(probabilities=[0.1]).speak(1000).pause(300)
     spec = s.of(Start)[0]
     actions = s.engine.microphone_lost(speech_turn=1, held_turns=[], now_ns=s.t_ns)
-    assert actions[0] == Discard(spec.attempt, MICROPHONE_LOST)
-    assert isinstance(actions[1], Emit) and actions[1].event == TurnCancelled(1, s.t_ns, MICROPHONE_LOST)
+    assert actions[0] == Discard(spec.attempt, DiscardReason.MICROPHONE_LOST)
+    assert isinstance(actions[1], Emit) and actions[1].event == TurnCancelled(
+        1, s.t_ns, CancelReason.MICROPHONE_LOST
+    )
 
 
 def test_a_lost_microphone_with_only_held_speech_cancels_the_held_turn():
     engine = TurnEngine()
     (action,) = engine.microphone_lost(speech_turn=0, held_turns=[3, 4], now_ns=7)
-    assert action == Emit(TurnCancelled(4, 7, MICROPHONE_LOST))
+    assert action == Emit(TurnCancelled(4, 7, CancelReason.MICROPHONE_LOST))
     assert TurnEngine().microphone_lost(0, [], 7) == []
 
 
