@@ -180,8 +180,7 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
     """Through the app's own session (load_llm with --llm-server, warm-up, the pipeline)."""
     from assistant.app import build_session
     from assistant.config import DecoderSettings, GenerationSettings, Settings
-    from assistant.events import TokenGenerated
-    from assistant.events import CancelReason
+    from assistant.events import CancelReason, TokenGenerated
 
     port = free_port()
     server = start(model_dir, port, sequences=2)
