@@ -11,6 +11,8 @@ on the CPU when PyTorch has no CUDA.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from engines.tensorrt.cuda_mem import GpuInfo, GpuUnusable, find_gpu
@@ -44,6 +46,22 @@ class Choice:
     reason: str
 
 
+# Where an NVIDIA driver shows itself on Linux: its device nodes, or WSL's GPU bridge.
+NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg")
+
+
+def nvidia_driver_present() -> bool:
+    """False only where there is surely no CUDA GPU: Linux without an NVIDIA driver loaded.
+
+    Asking torch costs its import (1.5-2.5 s of the start on this 2-core CPU) and cuda-python
+    its runtime; on a Linux machine without the driver's device nodes neither can find a GPU.
+    Elsewhere (Windows, macOS) the answer is left to them.
+    """
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(path) for path in NVIDIA_DRIVER_PATHS)
+
+
 def probe() -> Probe:
     """Look at this machine (imports TensorRT and ONNX Runtime if installed; no GPU work)."""
     versions: dict[str, str | None] = {}
@@ -52,19 +70,21 @@ def probe() -> Probe:
             versions[name] = load_flavour(name).version
         except TensorRTUnavailable:
             versions[name] = None
-    try:
-        import torch
+    torch_cuda = False
+    if nvidia_driver_present():
+        try:
+            import torch
 
-        torch_cuda = bool(torch.cuda.is_available())
-    except ImportError:
-        torch_cuda = False
+            torch_cuda = bool(torch.cuda.is_available())
+        except ImportError:
+            pass
     try:
         import onnxruntime  # noqa: F401  (the onnxruntime backend imports it anyway)
 
         ort = True
     except ImportError:
         ort = False
-    found = find_gpu()
+    found = find_gpu() if nvidia_driver_present() else None
     gpu = found if isinstance(found, GpuInfo) else None
     problem = found.reason if isinstance(found, GpuUnusable) else None
     return Probe(versions["tensorrt"], versions["tensorrt-rtx"], gpu, torch_cuda, ort, problem)

@@ -78,6 +78,29 @@ def test_commands_that_need_no_torch_do_not_import_it(command, tmp_path):
     assert out.stdout.rstrip().endswith("torch imported: False"), out.stdout[-500:] + out.stderr
 
 
+def test_the_cpu_path_probes_the_machine_and_loads_the_tokenizer_without_torch(model_dir):
+    """Without an NVIDIA driver, choosing the backend and loading the tokenizer import no torch.
+
+    The ONNX Runtime decoder (the CPU default) never needs it; importing it cost 2.5 s of start-up.
+    """
+    from engines.selection import nvidia_driver_present
+
+    if nvidia_driver_present():
+        pytest.skip("an NVIDIA driver is loaded here: probing CUDA needs torch")
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from engines.selection import choose_backend, probe\n"
+        "from assistant.stages.llm import load_tokenizer\n"
+        "choice = choose_backend(probe())\n"
+        f"tokenizer = load_tokenizer(Path({str(model_dir)!r}))\n"
+        "print(choice.backend, type(tokenizer).__name__, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["onnxruntime", "TokenizersBackend", "False"], out.stdout + out.stderr
+
+
 @pytest.mark.slow
 def test_a_start_parses_config_json_and_tokenizer_json_once(model_dir, monkeypatch):
     from assistant.config import DecoderSettings, ModelSettings

@@ -76,10 +76,8 @@ def load_tokenizer(model_dir: Path) -> Any:
         ModelNotFound: No tokenizer files.
         CorruptModel: A tokenizer file is not JSON of the expected shape (names the file).
     """
-    from transformers import AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = _tokenizer_class(model_dir).from_pretrained(model_dir)
     except OSError as e:
         _check_tokenizer_files(model_dir)  # parsed again only to name the damaged file
         raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
@@ -92,6 +90,28 @@ def load_tokenizer(model_dir: Path) -> Any:
     if not tokenizer.chat_template:
         raise ModelNotFound(f"{model_dir} has no chat template; use an instruct/chat model")
     return tokenizer
+
+
+def _tokenizer_class(model_dir: Path) -> Any:
+    """The class ``AutoTokenizer`` would load, imported without transformers' auto machinery.
+
+    When ``tokenizer_config.json`` names ``TokenizersBackend`` (what the store writes for GGUF
+    imports and what transformers 5 saves for most chat models), AutoTokenizer loads exactly
+    that class, but first imports its model registry and with it torch: 3.3 s against 0.8 s
+    on this 2-core CPU (docs/benchmarks.md, "Start-up"), for the ONNX Runtime path that never
+    needs torch. Any other class name goes through ``AutoTokenizer``.
+    """
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("tokenizer_class") == "TokenizersBackend":
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 # Top-level keys a tokenizers-library tokenizer.json must have, and their JSON types.
