@@ -28,7 +28,7 @@ from assistant.tui.conversation import Conversation
 from assistant.tui.feed import TurnFeed
 from assistant.tui.footer import KeyFooter
 from assistant.tui.loader import Builder, SessionLoader, make_loop
-from assistant.tui.loading import LoadingLine
+from assistant.tui.loading import TICK_S, LoadingLine
 from assistant.tui.messages import LoadFailed, LoadProgress, LogLine, SessionReady
 from assistant.tui.stats import SessionStats
 from assistant.tui.status import StatusBar
@@ -112,7 +112,9 @@ class AssistantApp(TurnFeed):
                 self.build, self.emit, self.cancel_load, self.post_message, self._loaded
             )
             self.loader.start()
-            self.query_one(LoadingLine).start_clock()
+            # The app's timer, not one on the widget: with the widget's own timer the partial
+            # transcripts of a first turn were mostly lost (test_turn_taking.py, partials test).
+            self.set_interval(TICK_S, self.query_one(LoadingLine).tick)
 
     def _poll_gpu(self) -> None:
         """One NVML read: the status line and the memory trend show the same sample."""

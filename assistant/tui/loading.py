@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
-TICK_S = 0.5  # how often the seconds on the current step are redrawn
+TICK_S = 0.5  # how often the app redraws the seconds on the current step
 
 
 class LoadingLine(Horizontal):
@@ -25,10 +25,6 @@ class LoadingLine(Horizontal):
         """The step and its seconds, then the bar."""
         yield Static("loading", id="load-step")
         yield ProgressBar(total=100, show_eta=False, id="load-bar")
-
-    def start_clock(self) -> None:
-        """Redraw the seconds on the step every :data:`TICK_S` (only while a load runs)."""
-        self.set_interval(TICK_S, self.tick)
 
     def tick(self) -> None:
         """Seconds on the current load step."""
