@@ -2,16 +2,17 @@
 
 Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is the text REPL.
 
-Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
-Everything a user can get wrong on the command line (paths, settings, a context too small
-for the prompt) is checked before any model loads. Only the standard library is imported at
-the top, so that Ctrl-C at any point of the start-up ends quietly (:func:`main`).
+Argument parsing and dispatch only: it builds the settings, runs the checks of
+:mod:`assistant.modes.preflight` (paths, the ``--input`` question, a context too small for the
+prompt) before any model loads, and hands over to the subcommand's mode in
+:mod:`assistant.modes` (or the UI, :mod:`assistant.tui`). Only the standard library is
+imported at the top, and each mode only when it runs, so that Ctrl-C at any point of the
+start-up ends quietly (:func:`main`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import signal
 import sys
@@ -21,31 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from assistant.app import Session
     from assistant.config import Settings
 
 logger = logging.getLogger("assistant")
-
-
-BENCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decoder.py"
-
-
-def _bench(argv: list[str]) -> int:
-    """Run the benchmark script's ``main`` with ``argv`` (it ships with the source checkout)."""
-    if not BENCH_SCRIPT.is_file():
-        print(
-            f"error: {BENCH_SCRIPT} not found; 'assistant bench' needs the source checkout", file=sys.stderr
-        )
-        return 2
-    sys.path.insert(0, str(BENCH_SCRIPT.parent))  # the script imports its sibling modules
-    spec = importlib.util.spec_from_file_location("bench_decoder", BENCH_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return int(module.main(argv))
 
 
 def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
@@ -53,30 +32,6 @@ def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     return load_settings(getattr(args, "config", None), overrides=overrides, flags=flags)
-
-
-def _check_output_args(args: argparse.Namespace) -> None:
-    """Flags that make sense only together, and every path the app will write.
-
-    Raises:
-        UnwritablePath: A file or folder named by a flag cannot be written.
-        ValueError: ``--output`` without ``--input``.
-    """
-    from store.files import check_writable_dir, check_writable_file
-
-    output: Path | None = getattr(args, "output", None)
-    if output is not None and getattr(args, "input", None) is None:
-        raise ValueError(
-            f"--output {output} needs --input: it writes the spoken reply to the question in the "
-            "--input WAV file; add --input QUESTION.wav, or drop --output for the live voice loop"
-        )
-    for flag in ("output", "log", "events"):
-        path = getattr(args, flag, None)
-        if path is not None:
-            check_writable_file(path, f"--{flag}")
-    export_dir = getattr(args, "export_dir", None)
-    if export_dir is not None:
-        check_writable_dir(export_dir, "--export-dir")
 
 
 def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
@@ -87,134 +42,18 @@ def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
     check_context(settings, lambda: load_tokenizer(resolve_llm_dir(settings.models)), flags)
 
 
-def _models(args: argparse.Namespace, settings: Settings) -> int:
-    from assistant.modes.models import run_models
-
-    return run_models(args, settings)
-
-
-def _chat(settings: Settings) -> int:
-    from assistant.modes.chat import run_chat
-    from assistant.stages.dialogue import Dialogue
-    from assistant.stages.llm import load_llm
-
-    if settings.metrics.port:
-        print(
-            "notice: chat serves no metrics (it keeps no turn records); --metrics-port works with "
-            "'assistant', 'assistant run' and 'run --no-tui', where typed turns are counted too",
-            file=sys.stderr,
-        )
-    decoder, tokenizer = load_llm(
-        settings.models,
-        settings.decoder,
-        settings.engine,
-        gate=settings.gate,
-        notice=lambda line: print(f"notice: {line}", file=sys.stderr),
-    )
-    options = settings.generation.options()
-    try:
-        return run_chat(Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, options))
-    finally:
-        decoder.close()  # TensorRT saves its runtime cache here
-
-
-def _serve(settings: Settings) -> int:
-    from assistant.modes.serve import run_server, serve_options
-    from assistant.stages.llm import resolve_llm_dir
-    from store.records import repair_hints
-
-    model_dir = resolve_llm_dir(settings.models)
-    with repair_hints(model_dir):  # a damaged model's error names the fix (models/ does not)
-        return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
-
-
-def _devices() -> int:
-    from assistant.stages.devices import list_devices
-
-    devices = list_devices()
-    if not devices:
-        print("no audio devices found")
-    for d in devices:
-        marks = ("*in " if d.is_default_input else "") + ("*out" if d.is_default_output else "")
-        print(
-            f"{d.index:3} {d.name:40} in {d.inputs:2}  out {d.outputs:2}  {d.default_rate_hz:7.0f} Hz {marks}"
-        )
-    return 0
-
-
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from assistant.stages.asr import load_wav
-    from assistant.stages.vad import find_utterance
+    from assistant.modes.preflight import check_question
 
     input_wav: Path | None = getattr(args, "input", None)
     output: Path | None = getattr(args, "output", None)
-    audio = load_wav(input_wav) if input_wav else None  # a bad file fails before models load
-    if input_wav is not None and audio is not None:
-        find_utterance(audio, settings.vad, input_wav)  # so does a file without speech
+    audio = check_question(input_wav, settings.vad)  # a bad file fails before models load
     if not getattr(args, "no_tui", False) and output is None:
         return _tui(args, settings)
-    return _headless(args, settings, input_wav, audio, output)
+    from assistant.modes.run import run_headless
 
-
-def _headless(
-    args: argparse.Namespace,
-    settings: Settings,
-    input_wav: Path | None,
-    audio: np.ndarray | None,
-    output: Path | None,
-) -> int:
-    from assistant.app import build_session
-    from assistant.modes.run import ConsoleReporter, fan_out
-    from assistant.observe.latency import EventLog
-    from assistant.observe.metrics import serving
-
-    events_path: Path | None = getattr(args, "events", None)
-    event_log = EventLog(events_path) if events_path else None
-    file_mode = input_wav is not None and audio is not None
-    try:
-        with serving(settings.metrics) as metrics:
-            session = build_session(
-                settings,
-                devices=not file_mode,
-                asr=True if file_mode else None,
-                tts=True if file_mode else None,
-                emit=fan_out(ConsoleReporter(), event_log, metrics),
-                log_path=getattr(args, "log", None),
-                engine_events=metrics.engine_event if metrics else None,
-            )
-            if metrics is not None:
-                asr_model = session.transcriber.description if session.transcriber else ""
-                metrics.attach(session.dialogue.decoder, settings.models.llm, asr_model)
-            return _serve_session(session, settings, input_wav, audio, output)
-    finally:
-        if event_log:
-            event_log.close()
-
-
-def _serve_session(
-    session: Session,
-    settings: Settings,
-    input_wav: Path | None,
-    audio: np.ndarray | None,
-    output: Path | None,
-) -> int:
-    """Answer the file's question, or run the live loop (text chat without devices); closes ``session``."""
-    from assistant.modes.chat import run_chat
-    from assistant.modes.run import run_file, run_live
-
-    for notice in session.notices:
-        print(f"notice: {notice}", file=sys.stderr)
-    try:
-        if input_wav is not None and audio is not None:
-            record = run_file(session.pipeline, settings.vad, audio, input_wav, output, session.turn_policy)
-            return 0 if not record.cancelled else 1
-        if session.mic is None or session.speaker is None:
-            return run_chat(session.dialogue)
-        mic, speaker = session.mic, session.speaker
-        session.mic = session.speaker = None  # run_live closes them
-        return run_live(session.pipeline, mic, speaker, session.endpointer(), session.settings_turn)
-    finally:
-        session.close()
+    events: Path | None = getattr(args, "events", None)
+    return run_headless(settings, input_wav, audio, output, events, getattr(args, "log", None))
 
 
 def _tui(args: argparse.Namespace, settings: Settings) -> int:
@@ -262,10 +101,13 @@ def _main(argv: list[str]) -> int:
     from assistant.modes.offline import hub_requested, stay_offline
 
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
+        from assistant.modes.bench import bench_command
+
         stay_offline()
-        return _bench(argv[1:])
+        return bench_command(argv[1:])
     from assistant.config import ConfigError
     from assistant.modes.engine import run_engine
+    from assistant.modes.preflight import check_output_args
     from models.files import CorruptModel, ModelNotFound
     from store.bundled import FetchError
 
@@ -278,11 +120,13 @@ def _main(argv: list[str]) -> int:
         settings = _settings(args, flags)
         stay_offline(hub=hub_requested(settings))  # before onnxruntime or a Hugging Face library loads
         if args.command in (None, "run"):
-            _check_output_args(args)
+            check_output_args(args)
         if args.command in (None, "chat", "run"):
             _check_context(settings, flags)
         if args.command == "serve":
-            return _serve(settings)
+            from assistant.modes.serve import serve_command
+
+            return serve_command(settings)
         if settings.decoder.server and args.command in (None, "chat", "run"):
             print(f"decoding on the LLM server {settings.decoder.server}", file=sys.stderr)
         elif settings.decoder.backend == "auto" and args.command in (None, "chat", "run"):
@@ -293,18 +137,23 @@ def _main(argv: list[str]) -> int:
             chosen, reason = resolve_auto_backend(settings.decoder)
             print(f"backend auto: {chosen.backend} ({reason})", file=sys.stderr)
         if args.command == "models":
-            return _models(args, settings)
+            from assistant.modes.models import run_models
+
+            return run_models(args, settings)
         if args.command == "engine":
             return run_engine(args, settings)
         if args.command == "devices":
-            return _devices()
+            from assistant.modes.devices import devices_command
+
+            return devices_command()
         if args.command == "run":
             return _run(args, settings)
-        if args.command == "chat":
-            return _chat(settings)
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            print("notice: not a terminal, so no UI: text chat", file=sys.stderr)
-            return _chat(settings)
+        if args.command == "chat" or not (sys.stdin.isatty() and sys.stdout.isatty()):
+            from assistant.modes.chat import chat_command
+
+            if args.command != "chat":
+                print("notice: not a terminal, so no UI: text chat", file=sys.stderr)
+            return chat_command(settings)
         return _tui(args, settings)
     except (ConfigError, ModelNotFound, CorruptModel, FetchError, ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

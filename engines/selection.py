@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from engines.tensorrt.cuda_mem import GpuInfo, GpuUnusable, find_gpu
 from engines.tensorrt.flavour import TensorRTUnavailable, load_flavour, rtx_supports
-
-TENSORRT_MIN_CAPABILITY = (7, 5)  # TensorRT 10 supports Turing and newer
+from engines.tensorrt.versions import TENSORRT_MIN_CAPABILITY
 
 
 @dataclass(frozen=True)

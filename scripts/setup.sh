@@ -8,7 +8,7 @@
 #                             which pins numpy below 2) and its client
 # Re-running is cheap: each step is skipped when already done.
 # With an NVIDIA GPU it also installs the TensorRT that fits the GPU and driver (chosen by
-# engines/tensorrt/install.py from nvidia-smi); if that install fails, setup says so in one line
+# setup_gpu.py from nvidia-smi); if that install fails, setup says so in one line
 # and carries on (the decoder then runs on PyTorch with CUDA graphs).
 #   ASSISTANT_TENSORRT=none|tensorrt-rtx|tensorrt-cu13|tensorrt-cu12   overrides the choice
 set -euo pipefail
@@ -63,7 +63,7 @@ tensorrt=""
 if (( gpu )); then
   # Which cuda-python major (extra gpu or gpu-cu13) and TensorRT flavour fit the GPUs and driver.
   gpus=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null || true)
-  choice=$(printf '%s\n' "$gpus" | .venv/bin/python -m engines.tensorrt.install "${ASSISTANT_TENSORRT:-auto}")
+  choice=$(printf '%s\n' "$gpus" | .venv/bin/python -m setup_gpu "${ASSISTANT_TENSORRT:-auto}")
   read -r extras tensorrt why <<<"$choice"
 fi
 (( dev )) && extras="${extras:+$extras,}dev"

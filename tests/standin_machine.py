@@ -108,7 +108,7 @@ def install(monkeypatch: pytest.MonkeyPatch, *, tensorrt: bool = True) -> Machin
             return machine.build_blob
         return trt_standin.engine_blob(exported.path, options, flavour.decode_profile(options.decode_profile))
 
-    monkeypatch.setattr(builder, "_build", stand_in_build)
+    monkeypatch.setattr(builder, "compile_engine", stand_in_build)
     return machine
 
 

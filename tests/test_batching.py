@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from engines.base import GenerationOptions, StopReason
-from engines.serving.batching import BatchedTorchStep, BatchScheduler, RequestError
+from engines.serving.batched_step import BatchedTorchStep
+from engines.serving.batching import BatchScheduler, RequestError
 from models.config import DecoderConfig
 from models.decoder import Decoder, KVCache
 from models.weights import load_decoder

@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from engines.base import GenerationOptions
 from engines.cuda_graph import GraphOptions
-from engines.serving.batching import BatchedTorchStep, BatchScheduler
+from engines.serving.batched_step import BatchedTorchStep
+from engines.serving.batching import BatchScheduler
 from engines.serving.batching_graph import BatchedGraphStep, batch_buckets, load_batched_step
 from models.config import DecoderConfig
 from models.decoder import Decoder, KVCache

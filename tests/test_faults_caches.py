@@ -358,7 +358,7 @@ def fake_build(*_args, **_kwargs) -> bytes:
 
 
 def test_build_rebuilds_an_entry_whose_record_is_malformed(tiny_model, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(builder, "_build", fake_build)
+    monkeypatch.setattr(builder, "compile_engine", fake_build)
     exported = export_decoder(tiny_model, ExportOptions(dtype="fp16"))
     first = build_engine(exported, TINY, tmp_path)
     record = first.path.parent / cache.RECORD_FILE
@@ -460,7 +460,7 @@ def test_engine_clear_removes_what_a_killed_export_left(model_dir, tmp_path):
 def test_engine_clear_during_a_build_skips_it_and_the_build_keeps_its_engine(
     tiny_model, tmp_path, monkeypatch, stage
 ):
-    monkeypatch.setattr(builder, "_build", fake_build)
+    monkeypatch.setattr(builder, "compile_engine", fake_build)
     exported = export_decoder(tiny_model, ExportOptions(dtype="fp16"))
     at_stage, go_on = threading.Event(), threading.Event()
 

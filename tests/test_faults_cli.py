@@ -307,7 +307,7 @@ def test_chat_closes_its_decoder_when_stdin_ends(tmp_path, monkeypatch):
     """
     import io
 
-    from assistant import __main__ as cli
+    from assistant.modes.chat import chat_command
     from engines.driver import DecoderDriver
 
     closed: list[str] = []
@@ -315,5 +315,5 @@ def test_chat_closes_its_decoder_when_stdin_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(DecoderDriver, "close", lambda self: (closed.append(self.name), real_close(self)))
     monkeypatch.setattr(sys, "stdin", io.StringIO("Say yes.\n"))
     settings = load_settings(config_file=None, env={}, overrides={"decoder.backend": "pytorch"})
-    assert cli._chat(settings) == 0
+    assert chat_command(settings) == 0
     assert len(closed) == 1, closed

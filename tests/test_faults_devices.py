@@ -27,7 +27,7 @@ from assistant.events import AudioDeviceLost
 from assistant.stages.audio import AudioOptions, Speaker
 from assistant.stages.devices import DeviceLostError, DeviceWatch
 from assistant.tui.app import AssistantApp
-from assistant.tui.widgets import Conversation
+from assistant.tui.conversation import Conversation
 from tests.speech import numbered_sentences, speak
 from tests.test_tui import builder, pipeline_threads, rescan_audio_devices, settings, wait_until
 from tests.tui_helpers import screen_text

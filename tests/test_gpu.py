@@ -18,7 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engines.base import GenerationOptions
 from engines.cuda_graph import PRECISION, CudaGraphStep, GraphOptions
 from engines.driver import DecoderDriver
-from engines.serving.batching import BatchedTorchStep, BatchScheduler
+from engines.serving.batched_step import BatchedTorchStep
+from engines.serving.batching import BatchScheduler
 from engines.serving.batching_graph import BatchedGraphStep, load_batched_step
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.config import DecoderConfig

@@ -20,7 +20,7 @@ import torch
 
 from assistant.config import DecoderSettings, ModelSettings
 from assistant.stages.llm import load_llm
-from engines import onnx_export
+from engines import onnx_export, onnx_trace
 from engines.base import StopReason
 from engines.onnx_export import (
     INPUT_IDS,
@@ -221,7 +221,7 @@ def test_second_export_is_a_cache_hit_without_running_the_exporter(exports, onnx
     def no_export(*_args):
         raise AssertionError("the exporter ran on a cache hit")
 
-    monkeypatch.setattr(onnx_export, "_export", no_export)
+    monkeypatch.setattr(onnx_trace, "trace_decoder", no_export)
     for dtype, first in exports.items():
         mtime = first.path.stat().st_mtime_ns
         again = export_decoder(onnx_model_dir, ExportOptions(dtype=dtype))
@@ -317,7 +317,7 @@ def test_corrupt_cached_export_is_detected_and_exported_again(tiny_dir, damage, 
 
 
 def test_large_models_use_external_data_checked_like_the_graph(tiny_dir, tokenizer, monkeypatch):
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)  # pretend the weights exceed 2 GB
+    monkeypatch.setattr(onnx_trace, "EXTERNAL_DATA_BYTES", 0)  # pretend the weights exceed 2 GB
     exported = export_decoder(tiny_dir, ExportOptions(dtype="fp16"))
     data = exported.path.parent / onnx_export.DATA_FILE
     assert data.stat().st_size > exported.path.stat().st_size

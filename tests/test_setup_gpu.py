@@ -22,8 +22,8 @@ import pytest
 from engines import selection
 from engines.selection import choose_backend
 from engines.tensorrt import cuda_mem, flavour
-from engines.tensorrt.install import (
-    CUDA_PYTHON_PIN,
+from engines.tensorrt.versions import CUDA_PYTHON_PIN
+from setup_gpu import (
     FLAVOUR_CUDA,
     GPU_EXTRA,
     Gpu,
@@ -108,10 +108,10 @@ def test_pyproject_extras_pin_cuda_python_to_one_major_that_matches_their_cuda()
     assert "cuda-python>=13" in CUDA_PYTHON_PIN[13] and "<14" in CUDA_PYTHON_PIN[13]
     assert "<13" in CUDA_PYTHON_PIN[12]
     # The capabilities setup decides by are the ones the runtime and auto-selection use.
-    from engines.tensorrt import install
+    import setup_gpu
 
-    assert install.RTX_RUNNABLE == flavour.RTX_RUNNABLE
-    assert install.TENSORRT_MIN_CAPABILITY == selection.TENSORRT_MIN_CAPABILITY
+    assert setup_gpu.RTX_RUNNABLE == flavour.RTX_RUNNABLE
+    assert setup_gpu.TENSORRT_MIN_CAPABILITY == selection.TENSORRT_MIN_CAPABILITY
 
 
 # --- setup.sh's GPU branch, end to end --------------------------------------------------------
@@ -165,9 +165,10 @@ def fake_project(root: Path) -> None:
     """setup.sh and the decision module as they are, a stand-in project, a fake nvidia-smi."""
     for path in (
         "scripts/setup.sh",
+        "setup_gpu.py",
         "engines/__init__.py",
         "engines/tensorrt/__init__.py",
-        "engines/tensorrt/install.py",
+        "engines/tensorrt/versions.py",
     ):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / path, root / path)

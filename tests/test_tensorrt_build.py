@@ -21,8 +21,9 @@ import torch
 from assistant.app import EngineSteps
 from assistant.observe.metrics import Metrics
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
-from engines.tensorrt import builder, cache
-from engines.tensorrt.builder import OnnxParseError, build_engine
+from engines.tensorrt import builder, cache, tuning
+from engines.tensorrt.builder import build_engine
+from engines.tensorrt.compiler import OnnxParseError
 from engines.tensorrt.flavour import TensorRTUnavailable, UnsupportedPrecision, load_flavour
 from engines.tensorrt.options import EngineOptions, EngineOptionsError
 from tests.test_architectures import qwen2
@@ -83,7 +84,7 @@ def test_smollm2_fp16_builds_a_real_sm89_engine_with_progress(smollm2_engine):
 
 def test_second_smollm2_build_is_a_cache_hit_without_the_builder(smollm2_engine, monkeypatch):
     exported, first, _ = smollm2_engine
-    monkeypatch.setattr(builder, "_build", no_builder)
+    monkeypatch.setattr(builder, "compile_engine", no_builder)
     mtime = first.path.stat().st_mtime_ns
     events = Events()
     again = build_engine(exported, SM89, first.path.parent.parent, progress=events)
@@ -98,7 +99,7 @@ def test_the_metrics_count_a_real_build_then_a_cache_hit(smollm2_engine, monkeyp
     metrics = Metrics()
     for event in build_events:
         metrics.engine_event(event)
-    monkeypatch.setattr(builder, "_build", no_builder)
+    monkeypatch.setattr(builder, "compile_engine", no_builder)
     build_engine(exported, SM89, first.path.parent.parent, progress=metrics.engine_event)
     value = metrics.registry.get_sample_value
     assert value("assistant_engine_builds_total") == 1
@@ -219,8 +220,8 @@ def test_precisions_and_options_are_refused_with_the_fix(tiny_export, tmp_path, 
 def test_damaged_tuning_cache_is_ignored_with_a_warning(tmp_path, damage, caplog):
     path = tmp_path / "runtime-tensorrt-rtx-1.7-gpu.bin"
     payload = bytes(range(256)) * 40
-    cache.save_blob(path, payload, "runtime")
-    assert cache.load_blob(path, "runtime") == payload and not caplog.records
+    tuning.save_blob(path, payload, "runtime")
+    assert tuning.load_blob(path, "runtime") == payload and not caplog.records
     data = bytearray(path.read_bytes())
     if damage == "flipped byte":
         data[-100] ^= 0x01
@@ -230,10 +231,10 @@ def test_damaged_tuning_cache_is_ignored_with_a_warning(tmp_path, damage, caplog
         data = bytearray(b"\x00" * 64)
     path.write_bytes(bytes(data))
     tag = "timing" if damage == "other tag" else "runtime"
-    with caplog.at_level(logging.WARNING, logger="engines.tensorrt.cache"):
-        assert cache.load_blob(path, tag) is None
+    with caplog.at_level(logging.WARNING, logger="engines.tensorrt.tuning"):
+        assert tuning.load_blob(path, tag) is None
     assert "ignoring" in caplog.text
-    assert cache.load_blob(tmp_path / "absent.bin", "runtime") is None
+    assert tuning.load_blob(tmp_path / "absent.bin", "runtime") is None
 
 
 # The CLI on the tmp store (last: `engine clear` empties the cache the module built).

@@ -28,7 +28,15 @@ from tests import trt_standin
 
 RTX = load_flavour("tensorrt-rtx").trt  # a dev dependency: CI has it, so no skip
 ROOT = Path(__file__).resolve().parents[1] / "engines" / "tensorrt"
-SCANNED = ("runtime.py", "flavour.py", "builder.py", "progress.py", "calibration.py")
+SCANNED = (
+    "runtime.py",
+    "bindings.py",
+    "flavour.py",
+    "builder.py",
+    "compiler.py",
+    "progress.py",
+    "calibration.py",
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class Obj:
 PROPERTY, SETTABLE = "property", "settable"
 # (class or "" for the module, member, the arguments as the code passes them, or a marker)
 CALLS: list[tuple[str, str, Any]] = [
-    # runtime.py
+    # runtime.py, bindings.py
     ("Runtime", "__init__", (Obj("ILogger"),)),
     ("Runtime", "get_engine_validity", (b"engine",)),
     ("Runtime", "deserialize_cuda_engine", (b"engine",)),
@@ -63,7 +71,7 @@ CALLS: list[tuple[str, str, Any]] = [
     ("", "nptype", (Obj("DataType"),)),
     ("ILogger", "__init__", ()),
     ("ILogger", "log", (Obj("ILogger.Severity"), "message")),  # overridden by make_logger
-    # builder.py, flavour.py, progress.py
+    # builder.py, compiler.py, flavour.py, progress.py
     ("Builder", "__init__", (Obj("ILogger"),)),
     ("Builder", "create_network", (1,)),
     ("Builder", "create_builder_config", ()),

@@ -107,7 +107,7 @@ def test_second_start_reuses_the_engine_and_runtime_cache(flavour, tiny_dir, tmp
     def no_build(*_a, **_k):
         raise AssertionError("rebuilt on the second start")
 
-    monkeypatch.setattr(builder, "_build", no_build)
+    monkeypatch.setattr(builder, "compile_engine", no_build)
     second = engine_decoder(tiny_dir, tmp_path, flavour)
     if flavour == "tensorrt-rtx":
         assert second.step.handle is not None and second.step.handle.loaded  # runtime cache reused

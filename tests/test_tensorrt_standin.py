@@ -359,7 +359,7 @@ def test_int8_build_frees_the_calibrators_gpu_buffers(tiny, gpu, tmp_path, monke
             batches.append(cuda.device_view(pointers[0], 8 * calibrator.length_tokens).view(np.int64).copy())
         return b"stand-in engine"
 
-    monkeypatch.setattr(builder, "_build", fake_build)
+    monkeypatch.setattr(builder, "compile_engine", fake_build)
     exported = export_decoder(folder, ExportOptions(dtype="fp32"))
     options = EngineOptions(flavour="tensorrt", precision="int8", prefill_opt_tokens=8)
     gpu_facts = cuda_mem.GpuInfo("stand-in", (9, 0), 8 << 30)

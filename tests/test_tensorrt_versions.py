@@ -163,7 +163,7 @@ def test_calibration_cache_is_keyed_by_chunk_length_and_tensorrt_version(tmp_pat
         return SimpleNamespace(length_tokens=length_tokens, free=lambda: None)
 
     monkeypatch.setattr(calibration, "make_calibrator", calibrator)
-    monkeypatch.setattr(builder, "_build", lambda *args: b"engine")  # no TensorRT 10 here
+    monkeypatch.setattr(builder, "compile_engine", lambda *args: b"engine")  # no TensorRT 10 here
     ids = [list(range(40))] * 8
     for version, opt_tokens in (("10.8.0.43", 16), ("10.8.0.43", 32), ("10.9.0.34", 32)):
         monkeypatch.setattr(builder, "load_flavour", lambda name, v=version: Flavour(name, tensorrt10(v), v))

@@ -34,8 +34,10 @@ from assistant.observe.gpu import GpuMonitor, GpuSample
 from assistant.observe.latency import STAGES, TurnRecord, build_record, percentiles
 from assistant.tui.app import AssistantApp
 from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
+from assistant.tui.conversation import Conversation
 from assistant.tui.messages import PipelineEvent, SessionReady
-from assistant.tui.widgets import Conversation, SessionStats, StatusBar
+from assistant.tui.stats import SessionStats
+from assistant.tui.status import StatusBar
 from tests.speech import speak
 from tests.tui_helpers import screen_text
 

@@ -340,7 +340,7 @@ async def test_partial_transcript_shows_while_the_user_speaks(pulse, audio_dir, 
     seen: list[tuple[str, bool]] = []  # (the user line, whether the final transcript existed then)
 
     def answered() -> bool:
-        from assistant.tui.widgets import Conversation
+        from assistant.tui.conversation import Conversation
 
         lines = [str(w.render()) for w in app.query_one(Conversation)._user.values()]
         done = bool(app.records) or final()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import sys
 import threading
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from assistant.stages.dialogue import Dialogue, Reply
 from engines.serving.remote import ServerUnavailable
+
+if TYPE_CHECKING:
+    from assistant.config import Settings
 
 
 def stats_line(reply: Reply) -> str:
@@ -72,3 +75,30 @@ def run_chat(dialogue: Dialogue, stdin: TextIO = sys.stdin, stdout: TextIO = sys
             stdout.write(f" [{e}; the next message connects again]")
         stdout.write("\n" + stats_line(reply) + "\n")
         stdout.flush()
+
+
+def chat_command(settings: Settings) -> int:
+    """``assistant chat``: load the decoder, answer typed lines until the input ends, close it."""
+    from assistant.stages.llm import load_llm
+
+    if settings.metrics.port:
+        print(
+            "notice: chat serves no metrics (it keeps no turn records); --metrics-port works with "
+            "'assistant', 'assistant run' and 'run --no-tui', where typed turns are counted too",
+            file=sys.stderr,
+        )
+    decoder, tokenizer = load_llm(
+        settings.models,
+        settings.decoder,
+        settings.engine,
+        gate=settings.gate,
+        notice=lambda line: print(f"notice: {line}", file=sys.stderr),
+    )
+    options = settings.generation.options()
+    try:
+        # The streams of the moment, not those of import time (a test may have replaced them).
+        return run_chat(
+            Dialogue(decoder, tokenizer, settings.dialogue.system_prompt, options), sys.stdin, sys.stdout
+        )
+    finally:
+        decoder.close()  # TensorRT saves its runtime cache here

@@ -204,7 +204,8 @@ def _profile(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _list(settings: Settings) -> int:
-    from engines.tensorrt.cache import list_entries, tuning_caches
+    from engines.tensorrt.cache import list_entries
+    from engines.tensorrt.tuning import tuning_caches
 
     cache_dir = engine_cache_dir(settings.models)
     entries = list_entries(cache_dir)
@@ -221,7 +222,8 @@ def _list(settings: Settings) -> int:
 
 
 def _clear(args: argparse.Namespace, settings: Settings) -> int:
-    from engines.tensorrt.cache import check_entry, clear_entries, tuning_caches
+    from engines.tensorrt.cache import check_entry, clear_entries
+    from engines.tensorrt.tuning import tuning_caches
 
     cache_dir = engine_cache_dir(settings.models)
     if args.broken:

@@ -1,15 +1,23 @@
-"""Checks that need the tokenizer but not the model, run before any model loads.
+"""Checks run before any model loads: the paths flags name, the ``--input`` question, the context.
 
-A context that cannot hold the system prompt, a short question and a full reply would
+Everything a user can get wrong on the command line fails here, in a second, not after a
+minute of loading. A context that cannot hold the system prompt, a short question and a full reply would
 have the question cut to nothing and an unrelated answer; it is refused here instead.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from assistant.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from assistant.stages.vad import VadOptions
 
 MIN_QUESTION_TOKENS = 32  # room a question needs besides the system prompt ("What is ...?": ~10)
 # More than a chat template adds around the messages (SmolLM2: 14 tokens with a system
@@ -63,3 +71,44 @@ def check_context(
         f"and the reply for {reply} ([generation] max_new_tokens, {new_flag}); "
         f"use {ctx_flag} {needed} or more, or a smaller {new_flag} or a shorter system prompt"
     )
+
+
+def check_output_args(args: argparse.Namespace) -> None:
+    """Flags that make sense only together, and every path the app will write.
+
+    Raises:
+        UnwritablePath: A file or folder named by a flag cannot be written.
+        ValueError: ``--output`` without ``--input``.
+    """
+    from store.files import check_writable_dir, check_writable_file
+
+    output: Path | None = getattr(args, "output", None)
+    if output is not None and getattr(args, "input", None) is None:
+        raise ValueError(
+            f"--output {output} needs --input: it writes the spoken reply to the question in the "
+            "--input WAV file; add --input QUESTION.wav, or drop --output for the live voice loop"
+        )
+    for flag in ("output", "log", "events"):
+        path = getattr(args, flag, None)
+        if path is not None:
+            check_writable_file(path, f"--{flag}")
+    export_dir = getattr(args, "export_dir", None)
+    if export_dir is not None:
+        check_writable_dir(export_dir, "--export-dir")
+
+
+def check_question(input_wav: Path | None, vad: VadOptions) -> np.ndarray | None:
+    """The ``--input`` question's audio (None without one); a bad file or one without speech fails here.
+
+    Raises:
+        AudioFileError: The file is missing, unreadable or not a WAV file the app reads.
+        NoSpeechInFile: It holds no speech the VAD accepts.
+    """
+    from assistant.stages.asr import load_wav
+    from assistant.stages.vad import find_utterance
+
+    if input_wav is None:
+        return None
+    audio = load_wav(input_wav)
+    find_utterance(audio, vad, input_wav)
+    return audio

@@ -11,7 +11,7 @@ import time
 import wave
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -48,6 +48,10 @@ from assistant.turns.live import LiveLoop
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import PipelineOptions
 from store.files import atomic_write
+
+if TYPE_CHECKING:
+    from assistant.app import Session
+    from assistant.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -206,4 +210,77 @@ def run_live(
     return 0
 
 
-__all__ = ["ConsoleReporter", "NoSpeechInFile", "PipelineOptions", "run_file", "run_live", "write_wav"]
+def run_headless(
+    settings: Settings,
+    input_wav: Path | None,
+    audio: np.ndarray | None,
+    output: Path | None,
+    events_path: Path | None = None,
+    log_path: Path | None = None,
+) -> int:
+    """``run --no-tui`` (or ``--output``): build the session, answer the file's question or run live.
+
+    Events go to the console, to ``events_path`` (JSON lines) and to the metrics server when
+    one is configured; turn records to ``log_path``.
+    """
+    from assistant.app import build_session
+    from assistant.observe.latency import EventLog
+    from assistant.observe.metrics import serving
+
+    event_log = EventLog(events_path) if events_path else None
+    file_mode = input_wav is not None and audio is not None
+    try:
+        with serving(settings.metrics) as metrics:
+            session = build_session(
+                settings,
+                devices=not file_mode,
+                asr=True if file_mode else None,
+                tts=True if file_mode else None,
+                emit=fan_out(ConsoleReporter(), event_log, metrics),
+                log_path=log_path,
+                engine_events=metrics.engine_event if metrics else None,
+            )
+            if metrics is not None:
+                asr_model = session.transcriber.description if session.transcriber else ""
+                metrics.attach(session.dialogue.decoder, settings.models.llm, asr_model)
+            return serve_session(session, settings, input_wav, audio, output)
+    finally:
+        if event_log:
+            event_log.close()
+
+
+def serve_session(
+    session: Session,
+    settings: Settings,
+    input_wav: Path | None,
+    audio: np.ndarray | None,
+    output: Path | None,
+) -> int:
+    """Answer the file's question, or run the live loop (text chat without devices); closes ``session``."""
+    from assistant.modes.chat import run_chat
+
+    for notice in session.notices:
+        print(f"notice: {notice}", file=sys.stderr)
+    try:
+        if input_wav is not None and audio is not None:
+            record = run_file(session.pipeline, settings.vad, audio, input_wav, output, session.turn_policy)
+            return 0 if not record.cancelled else 1
+        if session.mic is None or session.speaker is None:
+            return run_chat(session.dialogue)
+        mic, speaker = session.mic, session.speaker
+        session.mic = session.speaker = None  # run_live closes them
+        return run_live(session.pipeline, mic, speaker, session.endpointer(), session.settings_turn)
+    finally:
+        session.close()
+
+
+__all__ = [
+    "ConsoleReporter",
+    "NoSpeechInFile",
+    "PipelineOptions",
+    "run_file",
+    "run_headless",
+    "run_live",
+    "serve_session",
+    "write_wav",
+]

@@ -29,7 +29,7 @@ from assistant.config.sections import ServeSettings
 from engines.serving.wire import MODEL_NAME, ServeOptions, tokenizer_sha256, write_repository
 
 if TYPE_CHECKING:  # assistant.config imports this module for [serve]
-    from assistant.config import DecoderSettings
+    from assistant.config import DecoderSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -260,4 +260,14 @@ def run_server(options: ServeOptions, settings: ServeSettings, out: TextIO = sys
         server.stop()
 
 
-__all__ = ["ServeError", "ServeSettings", "TritonProcess", "run_server", "serve_options"]
+def serve_command(settings: Settings) -> int:
+    """``assistant serve``: the configured model behind Triton until Ctrl-C; returns the exit status."""
+    from assistant.stages.llm import resolve_llm_dir
+    from store.records import repair_hints
+
+    model_dir = resolve_llm_dir(settings.models)
+    with repair_hints(model_dir):  # a damaged model's error names the fix (models/ does not)
+        return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
+
+
+__all__ = ["ServeError", "ServeSettings", "TritonProcess", "run_server", "serve_command", "serve_options"]

@@ -256,7 +256,7 @@ def _failure(error: Exception) -> str:
     :func:`load_llm` has imported their modules by then).
     """
     from engines.onnx_export import ExportError
-    from engines.tensorrt.builder import EngineBuildError, OnnxParseError
+    from engines.tensorrt.compiler import EngineBuildError, OnnxParseError
     from engines.tensorrt.cuda_mem import CudaError
     from engines.tensorrt.flavour import TensorRTUnavailable
     from engines.tensorrt.gate import GateFailed

@@ -25,7 +25,8 @@ from assistant.events import (
     TurnHeld,
 )
 from assistant.stages.devices import device_notice
-from assistant.tui.widgets import Conversation, StatusBar
+from assistant.tui.conversation import Conversation
+from assistant.tui.status import StatusBar
 
 
 class TurnFold:

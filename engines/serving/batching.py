@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,88 +25,7 @@ import torch
 from engines.base import GenerationOptions, StopReason
 from engines.driver import common_prefix_len
 from engines.sampling import Sampler
-from models.decoder import Decoder as DecoderModel
-from models.decoder import KVCache
-
-
-class BatchedTorchStep:
-    """The ``models`` decoder over the rows of one KV cache ``[layers, rows, heads, capacity, dim]``."""
-
-    def __init__(self, model: DecoderModel, rows: int, capacity_tokens: int) -> None:
-        param = next(model.parameters())
-        self.model = model
-        self.rows = rows
-        self.capacity_tokens = capacity_tokens
-        self.device = param.device
-        self.cache = KVCache.allocate(
-            model.config, capacity_tokens, batch=rows, dtype=param.dtype, device=param.device
-        )
-        self.name = f"pytorch-{self.device.type} batched x{rows}"
-
-    def _rows(self, first: int, count: int) -> KVCache:
-        k, v = self.cache.k, self.cache.v
-        assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-        return KVCache(k[:, first : first + count], v[:, first : first + count])
-
-    @torch.inference_mode()
-    def swap_rows(self, a: int, b: int, slots: int) -> None:
-        """Exchange the first ``slots`` cached positions of rows ``a`` and ``b``."""
-        for cache in (self.cache.k, self.cache.v):
-            assert isinstance(cache, torch.Tensor)
-            held = cache[:, a, :, :slots].clone()
-            cache[:, a, :, :slots] = cache[:, b, :, :slots]
-            cache[:, b, :, :slots] = held
-
-    @torch.inference_mode()
-    def prefill(self, row: int, token_ids: Sequence[int], start_pos: int) -> torch.Tensor:
-        """Write ``token_ids`` at ``start_pos...`` of ``row``; the last token's fp32 logits ``[V]``.
-
-        The same call as a batch-1 step (:class:`~engines.torch_backend.TorchStep`) on the row's
-        cache, so a prompt's logits do not depend on what else is running.
-        """
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        end = start_pos + len(token_ids)
-        positions = torch.arange(start_pos, end, device=self.device)
-        return self.model(ids, positions, self._rows(row, 1), kv_len=end, last_only=True)[0, -1]
-
-    @torch.inference_mode()
-    def prefill_many(
-        self, rows: Sequence[int], token_lists: Sequence[Sequence[int]], starts: Sequence[int]
-    ) -> torch.Tensor:
-        """Several rows' prompts in one forward; each one's last-token fp32 logits ``[len(rows), V]``.
-
-        Prompts are left-padded to the longest, so each row's last token is the last column;
-        pads, and rows up to ``max(rows)`` that are not prefilling, sit at the filler slot (see
-        :meth:`decode`). Prompts never reach it (the scheduler keeps them under the capacity).
-        """
-        count, width = max(rows) + 1, max(len(t) for t in token_lists)
-        filler = self.capacity_tokens - 1
-        ids = torch.zeros((count, width), dtype=torch.long)
-        pos = torch.full((count, width), filler, dtype=torch.long)
-        for row, tokens, start in zip(rows, token_lists, starts, strict=True):
-            ids[row, width - len(tokens) :] = torch.tensor(list(tokens))
-            pos[row, width - len(tokens) :] = torch.arange(start, start + len(tokens))
-        logits = self.model(ids.to(self.device), pos.to(self.device), self._rows(0, count), last_only=True)
-        return logits[list(rows), -1]
-
-    @torch.inference_mode()
-    def decode(self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """One token for each of ``rows`` at its position; fp32 logits ``[len(rows), V]`` (device).
-
-        The step runs over rows ``0..max(rows)``; rows not decoding write a throw-away key at
-        the last slot, which a sequence overwrites before it can read it (a slot is only read
-        by queries at or after its own position, and the token there writes it first).
-        """
-        count = max(rows) + 1
-        filler = self.capacity_tokens - 1
-        ids = torch.zeros((count, 1), dtype=torch.long)
-        pos = torch.full((count, 1), filler, dtype=torch.long)
-        ids[list(rows), 0] = torch.tensor(list(token_ids))
-        pos[list(rows), 0] = torch.tensor(list(positions))
-        kv_len = self.capacity_tokens if count > len(rows) else max(positions) + 1
-        logits = self.model(ids.to(self.device), pos.to(self.device), self._rows(0, count), kv_len=kv_len)
-        return logits[list(rows), -1]
-
+from engines.serving.batched_step import BatchedTorchStep
 
 HISTORY = 4096  # per-step batch sizes kept
 PREFILL_GROUP = 16  # newcomers prefilled in one forward (left-padded to the longest)
@@ -160,6 +79,31 @@ class _Row:
     cached_ids: list[int] = field(default_factory=list)
     busy: bool = False
     last_used_ns: int = 0
+
+
+def place_session(rows: list[_Row], session: str, swap_rows: Callable[[int, int, int], None]) -> int | None:
+    """The lowest free row, holding ``session``'s cached prefix if it has one; None when all are busy.
+
+    Decode steps run over rows ``0..highest running``, so running sequences are kept low:
+    the session's own row (or, for a new session, an empty row, else the one idle the
+    longest, whose prefix is dropped) is swapped into the lowest free row, its cached
+    keys with it; the idle session that sat there keeps its prefix in the other row.
+    """
+    free = [i for i, r in enumerate(rows) if not r.busy]
+    if not free:
+        return None
+    lowest = free[0]
+    own = next((i for i in free if session and rows[i].session == session), None)
+    if own is None:
+        empty = [i for i in free if not rows[i].session]
+        own = empty[0] if empty else min(free, key=lambda i: rows[i].last_used_ns)
+        rows[own] = _Row(session=session)
+    if own != lowest:
+        slots = max(len(rows[own].cached_ids), len(rows[lowest].cached_ids))
+        if slots:
+            swap_rows(own, lowest, slots)
+        rows[own], rows[lowest] = rows[lowest], rows[own]
+    return lowest
 
 
 class BatchScheduler:
@@ -247,7 +191,7 @@ class BatchScheduler:
         """Give waiting sequences a row (their session's, a free one, or the longest idle)."""
         joining = []
         for sequence in list(self.waiting):
-            row = self._row_for(sequence.session)
+            row = place_session(self.rows, sequence.session, self.step.swap_rows)
             if row is None:
                 break  # every row is generating: wait for one to finish
             self.waiting.remove(sequence)
@@ -255,30 +199,6 @@ class BatchScheduler:
             self.rows[row].busy = True
             joining.append(sequence)
         return joining
-
-    def _row_for(self, session: str) -> int | None:
-        """The lowest free row, holding ``session``'s cached prefix if it has one.
-
-        Decode steps run over rows ``0..highest running``, so running sequences are kept low:
-        the session's own row (or, for a new session, an empty row, else the one idle the
-        longest, whose prefix is dropped) is swapped into the lowest free row, its cached
-        keys with it; the idle session that sat there keeps its prefix in the other row.
-        """
-        free = [i for i, r in enumerate(self.rows) if not r.busy]
-        if not free:
-            return None
-        lowest = free[0]
-        own = next((i for i in free if session and self.rows[i].session == session), None)
-        if own is None:
-            empty = [i for i in free if not self.rows[i].session]
-            own = empty[0] if empty else min(free, key=lambda i: self.rows[i].last_used_ns)
-            self.rows[own] = _Row(session=session)
-        if own != lowest:
-            slots = max(len(self.rows[own].cached_ids), len(self.rows[lowest].cached_ids))
-            if slots:
-                self.step.swap_rows(own, lowest, slots)
-            self.rows[own], self.rows[lowest] = self.rows[lowest], self.rows[own]
-        return lowest
 
     def _prefill(self, joining: list[BatchedRequest]) -> None:
         """Prefill newcomers after their cached prefix: one forward for all (one alone: batch-1)."""

@@ -1,6 +1,6 @@
 """In-flight batching with CUDA graphs: each batched decode step is one replay.
 
-:class:`BatchedGraphStep` is :class:`~engines.serving.batching.BatchedTorchStep` (the same calls, so
+:class:`BatchedGraphStep` is :class:`~engines.serving.batched_step.BatchedTorchStep` (the same calls, so
 :class:`~engines.serving.batching.BatchScheduler` runs either) with the decode step built as
 :mod:`engines.cuda_graph` builds its batch-1 step:
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from engines.cuda_graph import PRECISION, SLOT_ALIGN, GraphOptions, _Upload
-from engines.serving.batching import BatchedTorchStep
+from engines.serving.batched_step import BatchedTorchStep
 from models.decoder import Decoder as DecoderModel
 from models.weights import load_decoder
 

@@ -24,45 +24,26 @@ from typing import Any
 from engines.cache_lock import lock_entry
 from engines.onnx_export import (
     CONTRACT,
-    INPUT_IDS,
-    POSITION_IDS,
     ExportedDecoder,
     ExportRecord,
-    past_names,
 )
-from engines.progress import Cache, ProgressCallback, RebuildReason, Stage, emit, emit_lookup
+from engines.progress import Cache, ProgressCallback, RebuildReason, Stage, emit
 from engines.tensorrt import cache
+from engines.tensorrt.compiler import EngineBuildError, compile_engine
 from engines.tensorrt.cuda_mem import GpuInfo, gpu_info
 from engines.tensorrt.flavour import (
     Flavour,
     TensorRTUnavailable,
     export_dtype,
     load_flavour,
-    network_flags,
     rtx_supports,
-    set_precision_flags,
-    set_targets,
     target_name,
 )
-from engines.tensorrt.options import EngineOptions, EngineOptionsError, profile_shapes
-from engines.tensorrt.progress import make_monitor
+from engines.tensorrt.options import EngineOptions, EngineOptionsError
 
 logger = logging.getLogger(__name__)
 
 CALIBRATION_TOKENS = 128  # length of each INT8 calibration chunk (one shape, empty KV cache)
-
-
-class EngineBuildError(RuntimeError):
-    """TensorRT could not parse the export or build the engine."""
-
-
-class OnnxParseError(EngineBuildError):
-    """The ONNX parser rejected the export; ``errors`` holds one line per parser error."""
-
-    def __init__(self, path: Path, errors: list[str]) -> None:
-        self.errors = errors
-        listing = "\n".join(f"  {e}" for e in errors)
-        super().__init__(f"TensorRT's ONNX parser rejected {path} with {len(errors)} error(s):\n{listing}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +66,7 @@ def builder_code_sha256() -> str:
     """sha256 of the code that decides what is built, so editing it invalidates cached engines."""
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("builder.py", "flavour.py", "options.py", "calibration.py"):
+    for name in ("builder.py", "compiler.py", "flavour.py", "options.py", "calibration.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()
 
@@ -276,7 +257,7 @@ def build_engine(
             cache_path = caches_dir / calibration_cache_name(flavour, identity, calibration_ids, length)
             calibrator = make_calibrator(flavour.trt, calibration_ids, cache_path, length)
         try:
-            serialized = _build(
+            serialized = compile_engine(
                 flavour,
                 exported,
                 options,
@@ -317,117 +298,3 @@ def build_engine(
             cache=Cache.ENGINE,
         )
         return BuiltEngine(folder / cache.ENGINE_FILE, record, False, build_s, notice)
-
-
-def make_logger(trt: Any) -> Any:
-    """An ``ILogger`` sending TensorRT's messages to :mod:`logging` (info and verbose at debug)."""
-
-    class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-
-        def log(self, severity: Any, msg: str) -> None:
-            s = trt.ILogger.Severity
-            level = {
-                s.INTERNAL_ERROR: logging.ERROR,
-                s.ERROR: logging.ERROR,
-                s.WARNING: logging.WARNING,
-            }.get(severity, logging.DEBUG)
-            if "Int64 binding" in msg:  # the runtime binds int64 ids, as the parser asks
-                level = logging.DEBUG
-            logger.log(level, "TensorRT: %s", msg)
-
-    return Logger()
-
-
-def _parse(
-    flavour: Flavour, trt_logger: Any, builder: Any, path: Path, strongly_typed: bool
-) -> tuple[Any, Any]:
-    network = builder.create_network(network_flags(flavour, strongly_typed))
-    parser = flavour.trt.OnnxParser(network, trt_logger)
-    if not parser.parse_from_file(str(path)):
-        errors = []
-        for i in range(parser.num_errors):
-            e = parser.get_error(i)
-            errors.append(f"node {e.node()} {e.node_name()!r} ({e.node_operator()}): {e.desc()} [{e.code()}]")
-        raise OnnxParseError(path, errors or ["(the parser gave no details)"])
-    return network, parser
-
-
-def _build(
-    flavour: Flavour,
-    exported: ExportedDecoder,
-    options: EngineOptions,
-    targets: tuple[str, ...],
-    strongly_typed: bool,
-    gpu: GpuInfo | None,
-    caches_dir: Path,
-    progress: ProgressCallback | None,
-    cancel: threading.Event | None,
-    calibrator: Any,
-) -> Any:
-    """Parse and build; returns TensorRT's serialized engine (``IHostMemory``)."""
-    trt = flavour.trt
-    trt_logger = make_logger(trt)
-    builder = trt.Builder(trt_logger)
-    emit(progress, Stage.PARSE, f"parsing {exported.path}")
-    network, _parser = _parse(flavour, trt_logger, builder, exported.path, strongly_typed)
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
-    config.builder_optimization_level = options.optimization_level
-    set_targets(flavour, config, targets)
-    set_precision_flags(flavour, config, options.precision, strongly_typed)
-    meta = exported.metadata
-    num_layers = int(meta["assistant.num_layers"])
-    kv_heads, head_dim = int(meta["assistant.num_kv_heads"]), int(meta["assistant.head_dim"])
-    ranges = profile_shapes(options, kv_heads, head_dim, flavour.decode_profile(options.decode_profile))
-    inputs = {network.get_input(i).name for i in range(network.num_inputs)}
-    expected = {INPUT_IDS, POSITION_IDS, *past_names(num_layers)}
-    if inputs != expected:
-        raise EngineBuildError(
-            f"{exported.path} does not follow the {CONTRACT} contract (inputs {sorted(inputs)})"
-        )
-    profiles = []
-    for shapes in ranges:
-        profile = builder.create_optimization_profile()
-        for name in sorted(inputs):
-            r = shapes["ids"] if name in (INPUT_IDS, POSITION_IDS) else shapes["past"]
-            profile.set_shape(name, r.min, r.opt, r.max)
-        config.add_optimization_profile(profile)
-        profiles.append(profile)
-    timing_path = None
-    if not flavour.is_rtx:  # TensorRT-RTX tunes at run time (runtime cache) instead
-        device = cache.slug(gpu.name if gpu else "gpu")
-        timing_path = caches_dir / f"timing-{flavour.name}-{flavour.version}-{device}-{targets[0]}.bin"
-        blob = cache.load_blob(timing_path, "timing")
-        timing = config.create_timing_cache(blob or b"")
-        hit = config.set_timing_cache(timing, False)
-        if not hit:
-            logger.warning("TensorRT rejected the timing cache %s; tuning from scratch", timing_path)
-            config.set_timing_cache(config.create_timing_cache(b""), False)
-        hit = bool(hit and blob)
-        emit_lookup(
-            progress, Cache.TIMING_CACHE, hit, f"timing cache {'hit' if hit else 'empty'}: {timing_path}"
-        )
-    if calibrator is not None:
-        # Calibration runs at one shape: the packed snippet length, with an empty KV cache.
-        length = calibrator.length_tokens
-        calibration = builder.create_optimization_profile()
-        for name in sorted(inputs):
-            if name in (INPUT_IDS, POSITION_IDS):
-                calibration.set_shape(name, (1, length), (1, length), (1, length))
-            else:
-                empty = (1, kv_heads, 0, head_dim)
-                calibration.set_shape(name, empty, empty, empty)
-        config.int8_calibrator = calibrator
-        config.set_calibration_profile(calibration)
-    monitor = make_monitor(trt, progress, cancel)  # must outlive the build
-    config.progress_monitor = monitor
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        if cancel is not None and cancel.is_set():
-            raise EngineBuildError("engine build cancelled")
-        raise EngineBuildError("TensorRT could not build the engine (its errors are logged above)")
-    if timing_path is not None:
-        cache.save_blob(timing_path, bytes(memoryview(config.get_timing_cache().serialize())), "timing")
-    return serialized

@@ -20,7 +20,7 @@ whole: listed as such and rebuilt, never half-read. A build holds its entry's lo
 (``engines/cache_lock.py``, ``_locks/<entry>.lock``) from the cache check until the engine is
 in place; ``assistant engine clear`` skips entries whose lock is held. Tuning caches carry a
 small header with their own sha256, so a damaged one is ignored with a warning instead of
-reaching TensorRT.
+reaching TensorRT (``tuning.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from engines.cache_lock import LOCKS_DIR, EntryLock, staging_dir, sweep_staging
-from store.files import atomic_write
 from store.records import HashMemo, publish_folder, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -46,7 +45,6 @@ RECORD_FILE = "engine.json"
 HASH_MEMO = "hashes.json"  # engines' sha256s by size and mtime (store.records.HashMemo)
 FAILED_FILE = "build-failed.json"  # a build that failed: why, and when (no engine beside it)
 CACHES_DIR = "_caches"
-BLOB_MAGIC = b"assistant-trt-cache/1\n"
 # Fields of engine.json that must equal what the caller expects; a difference means foreign.
 IDENTITY = ("key", "flavour", "version", "targets", "device", "precision", "onnx_sha256")
 # The JSON type each field of engine.json must have when present ("engine" must be).
@@ -308,52 +306,3 @@ def clear_entries(cache_dir: Path, keep: Callable[[EngineEntry], bool] = lambda 
         lock.release()
     # As before the locks, clearing takes every unlocked staging folder, old versions' too.
     return Cleared(removed, busy, sweep_staging(cache_dir, unmarked_stale_s=0.0))
-
-
-def tuning_caches(cache_dir: Path) -> list[Path]:
-    """The timing, runtime and calibration cache files."""
-    folder = cache_dir / CACHES_DIR
-    return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-
-
-def load_blob(path: Path, tag: str) -> bytes | None:
-    """The payload of a tuning cache written by :func:`save_blob`, or ``None``.
-
-    A missing file is silent; a damaged or foreign one (bad header, tag, size or sha256) is
-    logged as a warning and ignored: the caller starts with an empty cache.
-    """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        logger.warning("cannot read %s, starting without it: %s", path, e)
-        return None
-    problem = None
-    if not data.startswith(BLOB_MAGIC):
-        problem = "not an assistant tuning cache"
-    else:
-        header, _, payload = data[len(BLOB_MAGIC) :].partition(b"\n")
-        try:
-            meta = json.loads(header)
-            if meta["tag"] != tag:
-                problem = f"made for {meta['tag']!r}, not {tag!r}"
-            elif meta["size"] != len(payload) or meta["sha256"] != hashlib.sha256(payload).hexdigest():
-                problem = "size or sha256 mismatch (truncated or corrupt)"
-        except (ValueError, KeyError, TypeError) as e:
-            problem = f"unreadable header ({e})"
-    if problem:
-        logger.warning("ignoring %s (%s); it will be rebuilt", path, problem)
-        return None
-    return payload
-
-
-def save_blob(path: Path, payload: bytes, tag: str) -> None:
-    """Write a tuning cache with its header (atomically); a failure is only a warning."""
-    header = json.dumps({"tag": tag, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path) as f:
-            f.write(BLOB_MAGIC + header.encode() + b"\n" + payload)
-    except OSError as e:
-        logger.warning("cannot save %s: %s", path, e)

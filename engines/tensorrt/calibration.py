@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from engines.onnx_export import INPUT_IDS, POSITION_IDS
-from engines.tensorrt import cache
+from engines.tensorrt import tuning
 from engines.tensorrt.cuda_mem import DeviceBuffer, check, cudart
 
 logger = logging.getLogger(__name__)
@@ -115,10 +115,10 @@ def make_calibrator(trt: Any, ids: list[list[int]], cache_path: Path, length_tok
             return [pointers.get(name, self.empty.ptr) for name in names]
 
         def read_calibration_cache(self) -> bytes | None:
-            return cache.load_blob(cache_path, "calibration")
+            return tuning.load_blob(cache_path, "calibration")
 
         def write_calibration_cache(self, data: Any) -> None:
-            cache.save_blob(cache_path, bytes(memoryview(data)), "calibration")
+            tuning.save_blob(cache_path, bytes(memoryview(data)), "calibration")
 
     return Calibrator()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.tensorrt.install import CUDA_DRIVER_MIN, CUDA_PYTHON_PIN
+from engines.tensorrt.versions import CUDA_DRIVER_MIN, CUDA_PYTHON_PIN
 
 
 class CudaError(RuntimeError):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.tensorrt.options import EngineOptionsError
+from engines.tensorrt.versions import RTX_RUNNABLE
 
 # ComputeCapability members of TensorRT-RTX 1.7 (SM75 builds, but 1.7's runtime lists 8.0+).
 RTX_TARGETS = {
@@ -33,8 +34,6 @@ RTX_TARGETS = {
     "sm120": "SM120",
     "sm121": "SM121",
 }
-# From TensorRT-RTX 1.7.1's own refusal message on a 9.0 GPU ("Supported compute capabilities").
-RTX_RUNNABLE = {(8, 0), (8, 6), (8, 9), (12, 0), (12, 1)}
 INSTALL_HINT = {
     "tensorrt": "pip install tensorrt (its wheel fetches the libraries from NVIDIA's package index)",
     "tensorrt-rtx": "pip install 'local-voice-assistant[tensorrt-rtx]' "

@@ -1,15 +1,21 @@
-"""TensorRT's ``IProgressMonitor`` as :class:`~engines.progress.EngineProgress` events.
+"""TensorRT's callbacks as ours: progress as events, log messages as :mod:`logging`.
 
-The callback runs on TensorRT's builder threads: it must be thread-safe and quick.
+``IProgressMonitor`` becomes :class:`~engines.progress.EngineProgress` events; ``ILogger``
+sends TensorRT's messages to this module's logger.
+
+The callbacks run on TensorRT's builder threads: they must be thread-safe and quick.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
 from engines.progress import EngineProgress, ProgressCallback, Stage
+
+logger = logging.getLogger(__name__)
 
 
 def make_monitor(trt: Any, callback: ProgressCallback | None, cancel: threading.Event | None = None) -> Any:
@@ -55,3 +61,24 @@ def make_monitor(trt: Any, callback: ProgressCallback | None, cancel: threading.
                 self._send(phase_name, self.sizes.get(phase_name, 0), finished=True)
 
     return Monitor()
+
+
+def make_logger(trt: Any) -> Any:
+    """An ``ILogger`` sending TensorRT's messages to :mod:`logging` (info and verbose at debug)."""
+
+    class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity: Any, msg: str) -> None:
+            s = trt.ILogger.Severity
+            level = {
+                s.INTERNAL_ERROR: logging.ERROR,
+                s.ERROR: logging.ERROR,
+                s.WARNING: logging.WARNING,
+            }.get(severity, logging.DEBUG)
+            if "Int64 binding" in msg:  # the runtime binds int64 ids, as the parser asks
+                level = logging.DEBUG
+            logger.log(level, "TensorRT: %s", msg)
+
+    return Logger()

@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from engines.base import Backend, BackendIdentity
-from engines.onnx_export import INPUT_IDS, LAST_LOGITS, POSITION_IDS, past_names, present_names
-from engines.tensorrt import cache
-from engines.tensorrt.builder import make_logger
-from engines.tensorrt.cuda_mem import DeviceBuffer, GpuInfo, GraphCache, PinnedArray, Stream
+from engines.onnx_export import INPUT_IDS, past_names, present_names
+from engines.tensorrt import cache, tuning
+from engines.tensorrt.bindings import EngineRuntimeError, StepTensors
+from engines.tensorrt.cuda_mem import GpuInfo, GraphCache, Stream
 from engines.tensorrt.flavour import Flavour, create_context, runtime_config, validity_problem
+from engines.tensorrt.progress import make_logger
 from models.config import DecoderConfig
 
 logger = logging.getLogger(__name__)
@@ -51,14 +52,45 @@ class EngineIncompatible(RuntimeError):
         self.rebuild_helps = rebuild_helps
 
 
-class EngineRuntimeError(RuntimeError):
-    """TensorRT failed while running the engine."""
-
-
 def runtime_cache_path(cache_dir: Path, flavour: Flavour, gpu: GpuInfo) -> Path:
     """Where the TensorRT-RTX runtime cache of this GPU and version lives."""
     name = f"runtime-{flavour.name}-{flavour.version}-{cache.slug(gpu.name)}.bin"
     return cache_dir / cache.CACHES_DIR / name
+
+
+def open_engine(flavour: Flavour, runtime: Any, engine_blob: bytes) -> Any:
+    """Deserialize ``engine_blob`` (``ICudaEngine``) once TensorRT says it runs here.
+
+    Raises:
+        EngineIncompatible: TensorRT will not deserialize the engine on this GPU, or it lacks
+            the prefill (and decode) profiles.
+    """
+    invalid = validity_problem(flavour, runtime, engine_blob)
+    if invalid is not None:
+        raise EngineIncompatible(
+            f"{flavour.name} {flavour.version} will not run this engine here: {invalid.problem}",
+            rebuild_helps=invalid.rebuild_helps,
+        )
+    engine = runtime.deserialize_cuda_engine(engine_blob)
+    if engine is None:
+        raise EngineIncompatible(f"{flavour.name} {flavour.version} could not deserialize the engine")
+    profiles = engine.num_optimization_profiles
+    if profiles not in (1, 2):
+        raise EngineIncompatible(f"expected a prefill (and a decode) profile, the engine has {profiles}")
+    return engine
+
+
+def _runtime_config(flavour: Flavour, engine: Any, runtime_cache: Path | None, cuda_graphs: bool) -> Any:
+    """TensorRT-RTX's runtime configuration with the runtime cache loaded (None on full TensorRT)."""
+    blob = tuning.load_blob(runtime_cache, "runtime") if runtime_cache else None
+    handle = runtime_config(flavour, engine, blob, cuda_graphs)
+    if handle is not None and not handle.attached:
+        logger.warning("TensorRT-RTX refused set_runtime_cache: kernels compiled in this run are not kept")
+    elif handle is not None and blob and not handle.loaded:
+        logger.warning(
+            "TensorRT-RTX rejected the runtime cache %s (other version, GPU or driver)", runtime_cache
+        )
+    return handle
 
 
 class TensorRTStep:
@@ -94,18 +126,8 @@ class TensorRTStep:
         self.identity = BackendIdentity(Backend(flavour.name), "cuda", precision, version=flavour.version)
         self.name = self.identity.describe()  # shown in the UI and the latency records
         self.runtime = trt.Runtime(make_logger(trt))
-        invalid = validity_problem(flavour, self.runtime, engine_blob)
-        if invalid is not None:
-            raise EngineIncompatible(
-                f"{flavour.name} {flavour.version} will not run this engine here: {invalid.problem}",
-                rebuild_helps=invalid.rebuild_helps,
-            )
-        self.engine = self.runtime.deserialize_cuda_engine(engine_blob)
-        if self.engine is None:
-            raise EngineIncompatible(f"{flavour.name} {flavour.version} could not deserialize the engine")
+        self.engine = open_engine(flavour, self.runtime, engine_blob)
         profiles = self.engine.num_optimization_profiles
-        if profiles not in (1, 2):
-            raise EngineIncompatible(f"expected a prefill (and a decode) profile, the engine has {profiles}")
         self.past_names, self.present_names = past_names(config.num_layers), present_names(config.num_layers)
         ids_min, _, ids_max = self.engine.get_tensor_profile_shape(INPUT_IDS, PREFILL)
         self.prefill_min, self.prefill_max = int(ids_min[1]), int(ids_max[1])
@@ -113,16 +135,7 @@ class TensorRTStep:
         past_max = int(self.engine.get_tensor_profile_shape(self.past_names[0], decode)[2][2])
         self.capacity_tokens = min(capacity_tokens, past_max + 1)
         self.runtime_cache_file = runtime_cache
-        blob = cache.load_blob(runtime_cache, "runtime") if runtime_cache else None
-        self.handle = runtime_config(flavour, self.engine, blob, cuda_graphs)
-        if self.handle is not None and not self.handle.attached:
-            logger.warning(
-                "TensorRT-RTX refused set_runtime_cache: kernels compiled in this run are not kept"
-            )
-        elif self.handle is not None and blob and not self.handle.loaded:
-            logger.warning(
-                "TensorRT-RTX rejected the runtime cache %s (other version, GPU or driver)", runtime_cache
-            )
+        self.handle = _runtime_config(flavour, self.engine, runtime_cache, cuda_graphs)
         self.np_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.past_names[0])))
         self.row_bytes = config.head_dim * self.np_dtype.itemsize  # one position of one head
         self.current = 0  # buffer set holding the cache
@@ -132,9 +145,7 @@ class TensorRTStep:
         self.closed = False
         # Everything below holds GPU resources: a failure half-way releases what was made.
         self.contexts: list[Any] = []
-        self.kv: list[list[DeviceBuffer]] = [[], []]
-        self.buffers: list[DeviceBuffer] = []
-        self.pinned: list[PinnedArray] = []
+        self.memory: StepTensors | None = None
         self.graphs: GraphCache | None = None
         self.capturing = cuda_graphs  # False after a capture failed
         self.stream = Stream()
@@ -156,31 +167,13 @@ class TensorRTStep:
                     f"TensorRT refused set_optimization_profile_async({profile}) "
                     f"(the engine has {profiles} profile(s))"
                 )
-        per_tensor = config.num_kv_heads * self.capacity_tokens * self.row_bytes
-        for buffers in self.kv:
-            for _ in self.past_names:
-                buffers.append(DeviceBuffer(per_tensor))
-        self.ids = self._device(self.capacity_tokens * 8)
-        self.positions = self._device(self.capacity_tokens * 8)
-        self.logits = self._device(config.vocab_size * 4)
-        # Pinned, one slot per cache position: the chunks of a long prompt each have their own
-        # host bytes, so none is rewritten before its queued copy ran.
-        self.host_ids = self._host(self.capacity_tokens, np.int64)
-        self.host_positions = self._host(self.capacity_tokens, np.int64)
-        self.host_logits = self._host(config.vocab_size, np.float32)
+        self.memory = StepTensors(config, self.capacity_tokens, self.row_bytes)
+        m = self.memory
+        self.kv, self.ids, self.positions, self.logits = m.kv, m.ids, m.positions, m.logits
+        self.host_ids, self.host_positions, self.host_logits = m.host_ids, m.host_positions, m.host_logits
         # Full TensorRT: our own capture per decode shape. RTX: its built-in strategy instead.
         self.graphs = GraphCache(self.stream) if cuda_graphs and not self.flavour.is_rtx else None
         self.stream.synchronize()
-
-    def _device(self, nbytes: int) -> DeviceBuffer:
-        buffer = DeviceBuffer(nbytes)
-        self.buffers.append(buffer)
-        return buffer
-
-    def _host(self, count: int, dtype: type) -> PinnedArray:
-        pinned = PinnedArray(count, dtype)
-        self.pinned.append(pinned)
-        return pinned
 
     def forward(self, token_ids: Sequence[int], start_pos: int) -> np.ndarray:
         """Run ``token_ids`` at ``start_pos`` and return the last token's fp32 logits.
@@ -241,7 +234,8 @@ class TensorRTStep:
             self._advance(count)
             return
         context = self.contexts[DECODE if count == 1 and len(self.contexts) == 2 else PREFILL]
-        self._bind(context, count, past)
+        assert self.memory is not None
+        self.memory.bind(context, self.current, count, past)
         if not context.execute_async_v3(self.stream.handle):
             raise EngineRuntimeError(f"execute_async_v3 failed ({count} tokens at {past})")
         if graph_step and self.graphs is not None and self.capturing:
@@ -254,33 +248,6 @@ class TensorRTStep:
                     self.name, past,
                 )  # fmt: skip
         self._advance(count)
-
-    def _bind(self, context: Any, count: int, past: int) -> None:
-        shape_past = (1, self.config.num_kv_heads, past, self.config.head_dim)
-        self._shape(context, INPUT_IDS, (1, count))
-        self._shape(context, POSITION_IDS, (1, count))
-        self._address(context, INPUT_IDS, self.ids.ptr)
-        self._address(context, POSITION_IDS, self.positions.ptr)
-        current, spare = self.kv[self.current], self.kv[1 - self.current]
-        for name, buffer in zip(self.past_names, current, strict=True):
-            self._shape(context, name, shape_past)
-            self._address(context, name, buffer.ptr)
-        for name, buffer in zip(self.present_names, spare, strict=True):
-            self._address(context, name, buffer.ptr)
-        self._address(context, LAST_LOGITS, self.logits.ptr)
-
-    def _shape(self, context: Any, name: str, shape: tuple[int, ...]) -> None:
-        if not context.set_input_shape(name, shape):
-            raise EngineRuntimeError(
-                f"TensorRT refused set_input_shape({name}, {shape}): outside the engine's "
-                "optimization profile (its errors are logged above)"
-            )
-
-    def _address(self, context: Any, name: str, ptr: int) -> None:
-        if not context.set_tensor_address(name, ptr):
-            raise EngineRuntimeError(
-                f"TensorRT refused set_tensor_address({name}, {ptr:#x}) (its errors are logged above)"
-            )
 
     def _advance(self, count: int) -> None:
         self.current, self.length_tokens = 1 - self.current, self.length_tokens + count
@@ -310,7 +277,7 @@ class TensorRTStep:
     def save_runtime_cache(self) -> None:
         """Persist the TensorRT-RTX runtime cache (kernels JIT-compiled so far)."""
         if self.handle is not None and self.handle.attached and self.runtime_cache_file is not None:
-            cache.save_blob(self.runtime_cache_file, self.handle.serialize(), "runtime")
+            tuning.save_blob(self.runtime_cache_file, self.handle.serialize(), "runtime")
 
     def close(self) -> None:
         """Save the runtime cache and release GPU memory, graphs and the stream (idempotent)."""
@@ -326,9 +293,7 @@ class TensorRTStep:
         self.closed = True
         if self.graphs is not None:
             self.graphs.clear()
-        for buffer in [*self.kv[0], *self.kv[1], *self.buffers]:
-            buffer.free()
-        for pinned in self.pinned:
-            pinned.free()
+        if self.memory is not None:
+            self.memory.free()
         self.contexts.clear()
         self.stream.destroy()

@@ -11,7 +11,7 @@ from assistant.observe.metrics import Metrics
 from assistant.stages.llm import _failure
 from engines.base import Backend, BackendIdentity
 from engines.onnx_export import ExportError
-from engines.tensorrt.builder import EngineBuildError, OnnxParseError
+from engines.tensorrt.compiler import EngineBuildError, OnnxParseError
 from engines.tensorrt.cuda_mem import CudaError
 from engines.tensorrt.flavour import TensorRTUnavailable
 from engines.tensorrt.gate import GateFailed

@@ -1,8 +1,9 @@
 """Which TensorRT ``scripts/setup.sh`` installs for this machine's NVIDIA GPUs and driver.
 
-Pure and standard-library only, because setup runs it in a fresh ``.venv`` before any
-dependency is installed: ``nvidia-smi --query-gpu=name,compute_cap,driver_version
---format=csv,noheader | python -m engines.tensorrt.install [FLAVOUR]`` prints one line,
+Set-up code, not part of the installed package. Pure and standard-library only, because setup
+runs it in a fresh ``.venv`` before any dependency is installed: ``nvidia-smi
+--query-gpu=name,compute_cap,driver_version --format=csv,noheader | python -m setup_gpu
+[FLAVOUR]`` (from the repository root) prints one line,
 ``<gpu extra> <tensorrt extra or none> <reason>`` (the extras are ``pyproject.toml``'s).
 
 - TensorRT-RTX 1.7 (real PyPI wheels, CUDA 13 builds) when every GPU TensorRT can use is one
@@ -22,14 +23,14 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
-# The same sets as flavour.RTX_RUNNABLE and selection.TENSORRT_MIN_CAPABILITY (a test keeps
-# them equal); repeated here so this module imports nothing.
-RTX_RUNNABLE = frozenset({(8, 0), (8, 6), (8, 9), (12, 0), (12, 1)})
-TENSORRT_MIN_CAPABILITY = (7, 5)
-# Oldest Linux driver per CUDA major (CUDA 12.0: 525.60.13, CUDA 13.0: 580.65.06).
-CUDA_DRIVER_MIN = {13: (580, 65, 6), 12: (525, 60, 13)}
-# The cuda-python pin per CUDA major: pyproject.toml's extras use the same (a test checks).
-CUDA_PYTHON_PIN = {12: "cuda-python>=12.6.1,<13", 13: "cuda-python>=13,<14"}
+# The runtime's own facts (standard library only, like this module): the GPUs TensorRT and
+# TensorRT-RTX run on, each CUDA major's oldest driver, cuda-python's pin per major.
+from engines.tensorrt.versions import (
+    CUDA_DRIVER_MIN,
+    RTX_RUNNABLE,
+    TENSORRT_MIN_CAPABILITY,
+)
+
 GPU_EXTRA = {12: "gpu", 13: "gpu-cu13"}  # pyproject extras: cuda-python of that major + nvidia-ml-py
 FLAVOUR_CUDA = {"tensorrt-rtx": 13, "tensorrt-cu13": 13, "tensorrt-cu12": 12}
 FLAVOURS = ("auto", "none", *FLAVOUR_CUDA)

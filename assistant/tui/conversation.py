@@ -1,0 +1,87 @@
+"""The conversation pane: user utterances, streaming replies, system notices."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+
+class Conversation(VerticalScroll, can_focus=False):
+    """User utterances, streaming replies and system notices, newest at the bottom."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._user: dict[int, Static] = {}
+        self._reply: dict[int, Static] = {}
+        self._reply_text: dict[int, str] = {}
+        self._dirty: set[int] = set()
+
+    def _add(self, widget: Static) -> Static:
+        self.mount(widget)
+        self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
+        return widget
+
+    def notice(self, text: str, error: bool = False) -> None:
+        """A system line (no microphone, loading, errors)."""
+        self._add(Static(Text(text), classes="notice error" if error else "notice"))
+
+    def hearing(self, turn: int) -> None:
+        """Show that speech of ``turn`` is being heard (replaced by its transcript)."""
+        if turn not in self._user:
+            self._user[turn] = self._add(Static(Text("you: (hearing…)"), classes="user hearing"))
+
+    def partial(self, turn: int, text: str) -> None:
+        """Words of ``turn`` heard so far, while the user is still speaking."""
+        self.hearing(turn)
+        self._user[turn].update(Text(f"you: {text} …"))
+
+    def drop_reply(self, turn: int) -> None:
+        """Remove ``turn``'s reply (speculative work the user talked over)."""
+        widget = self._reply.pop(turn, None)
+        if widget is not None:
+            widget.remove()
+        self._reply_text.pop(turn, None)
+        self._dirty.discard(turn)
+        if turn in self._user:
+            self._user[turn].add_class("hearing")
+
+    def drop_user(self, turn: int) -> None:
+        """Remove ``turn``'s user line (its words are shown with a later turn)."""
+        widget = self._user.pop(turn, None)
+        if widget is not None:
+            widget.remove()
+
+    def user(self, turn: int, text: str) -> None:
+        """The final transcript (or typed text) of ``turn``."""
+        widget = self._user.get(turn) or self._add(Static(classes="user"))
+        self._user[turn] = widget
+        widget.remove_class("hearing")
+        widget.update(Text(f"you: {text or '(nothing recognised)'}"))
+
+    def token(self, turn: int, text: str) -> None:
+        """Append streamed reply text of ``turn`` (shown at the next :meth:`flush`)."""
+        if turn not in self._reply:
+            self._reply[turn] = self._add(Static(classes="assistant"))
+            self._reply_text[turn] = ""
+        self._reply_text[turn] += text
+        self._dirty.add(turn)
+
+    def flush(self) -> None:
+        """Show the reply text streamed since the last flush (one redraw per batch of tokens)."""
+        for turn in self._dirty:
+            self._reply[turn].update(Text(f"assistant: {self._reply_text[turn].strip()}"))
+        if self._dirty:
+            self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
+        self._dirty.clear()
+
+    def reply_text(self, turn: int) -> str:
+        """What has streamed of ``turn``'s reply."""
+        return self._reply_text.get(turn, "").strip()
+
+    def cancelled(self, turn: int, reason: str) -> None:
+        """Mark ``turn`` as stopped early."""
+        if turn in self._reply:
+            self._reply[turn].update(Text(f"assistant: {self.reply_text(turn)} [{reason}]"))
+        else:
+            self.notice(f"turn {turn}: {reason}")

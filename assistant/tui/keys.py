@@ -1,0 +1,117 @@
+"""The UI's keys and what they do to the running session (quitting is the app's own)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from textual.app import App
+from textual.binding import Binding
+from textual.widgets import Input, RichLog
+
+from assistant.app import Session
+from assistant.observe.latency import TurnRecord, export_report
+from assistant.tui.conversation import Conversation
+from assistant.tui.fold import TurnFold
+from assistant.tui.status import StatusBar
+from assistant.turns.live import LiveLoop
+
+
+class KeyActions(App[int]):
+    """The key bindings and their actions; :class:`~assistant.tui.app.AssistantApp` sets the state."""
+
+    BINDINGS = [
+        Binding("space", "toggle_listening", "Listen on/off"),
+        Binding("m", "mute", "Mute"),
+        Binding("t", "type", "Type"),
+        Binding("b", "barge_in", "Barge-in"),
+        Binding("e", "export", "Export"),
+        Binding("l", "log", "Log"),
+        Binding("q", "quit_app", "Quit"),
+        Binding("ctrl+q,ctrl+c", "quit_app", "Quit", show=False, priority=True),
+        Binding("escape", "leave_input", "Back", show=False),
+    ]
+
+    listening: bool
+    muted: bool
+    barge_in: bool
+    has_mic: bool
+    loop: LiveLoop | None
+    session: Session | None
+    fold: TurnFold
+    records: list[TurnRecord]
+    export_dir: Path
+
+    def _idle_state(self) -> str:
+        if not self.has_mic:
+            return "text mode"
+        if self.fold.lost_devices:
+            return self.fold.lost_state()
+        return "muted" if self.muted else "listening" if self.listening else "paused"
+
+    def _push_barge_in(self) -> None:
+        """The barge-in setting, to the pipeline of the running loop."""
+        if self.loop is not None:
+            self.loop.pipeline.options = replace(self.loop.pipeline.options, barge_in=self.barge_in)
+
+    def action_toggle_listening(self) -> None:
+        """Space: stop or resume listening to the microphone."""
+        self.listening = not self.listening
+        if self.loop is not None:
+            self.loop.listening = self.listening
+        self.query_one(StatusBar).set(state=self._idle_state())
+
+    def action_mute(self) -> None:
+        """M: mute or unmute the microphone."""
+        self.muted = not self.muted
+        if self.loop is not None:
+            self.loop.muted = self.muted
+        self.query_one(StatusBar).set(state=self._idle_state())
+
+    def action_type(self) -> None:
+        """T: show the text input and focus it."""
+        box = self.query_one(Input)
+        box.display = True
+        box.focus()
+
+    def action_leave_input(self) -> None:
+        """Esc (or Enter): hide the input and move focus off it."""
+        box = self.query_one(Input)
+        box.display = False
+        self.set_focus(None)
+
+    def action_barge_in(self) -> None:
+        """B: let speech interrupt replies (headsets), or not."""
+        self.barge_in = not self.barge_in
+        self._push_barge_in()
+        self.query_one(StatusBar).set(barge_in=self.barge_in)
+        self.notify(f"barge-in {'on: use a headset' if self.barge_in else 'off'}")
+
+    def action_export(self) -> None:
+        """E: write the session's latency report (CSV and JSON)."""
+        stem = time.strftime("latency-%Y%m%d-%H%M%S")
+        try:
+            csv_path, json_path = export_report(self.records, self.export_dir, stem)
+        except OSError as e:
+            self.notify(f"export failed: {e}", severity="error")
+            return
+        self.notify(f"{len(self.records)} turns -> {csv_path}, {json_path}", title="latency report")
+
+    def action_log(self) -> None:
+        """L: show or hide the log pane."""
+        log = self.query_one(RichLog)
+        log.display = not log.display
+
+    def on_input_submitted(self, message: Input.Submitted) -> None:
+        """Send the typed message as a turn; focus goes back so the keys work again."""
+        text = message.value.strip()
+        message.input.value = ""
+        self.action_leave_input()
+        if not text:
+            return
+        if self.loop is None or self.session is None:  # the session is set once it is ready
+            self.query_one(Conversation).notice("still loading: try again in a moment")
+            return
+        self.loop.submit_text(text)
+        self.query_one(StatusBar).set(state="thinking")
