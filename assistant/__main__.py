@@ -2,7 +2,7 @@
 
 Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is the text REPL.
 
-Builds settings, then the stages; ``bench`` hands its arguments to ``scripts/bench_decoder.py``.
+Builds settings, then the stages; ``bench [NAME]`` hands its arguments to ``bench.NAME`` (``bench.decoder``).
 Everything a user can get wrong on the command line (paths, settings, a context too small
 for the prompt) is checked before any model loads. Only the standard library is imported at
 the top, so that Ctrl-C at any point of the start-up ends quietly (:func:`main`).
@@ -11,7 +11,6 @@ the top, so that Ctrl-C at any point of the start-up ends quietly (:func:`main`)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import signal
 import sys
@@ -29,23 +28,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("assistant")
 
 
-BENCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decoder.py"
-
-
 def _bench(argv: list[str]) -> int:
-    """Run the benchmark script's ``main`` with ``argv`` (it ships with the source checkout)."""
-    if not BENCH_SCRIPT.is_file():
-        print(
-            f"error: {BENCH_SCRIPT} not found; 'assistant bench' needs the source checkout", file=sys.stderr
-        )
-        return 2
-    sys.path.insert(0, str(BENCH_SCRIPT.parent))  # the script imports its sibling modules
-    spec = importlib.util.spec_from_file_location("bench_decoder", BENCH_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return int(module.main(argv))
+    """Run ``bench.NAME``'s ``main`` with the rest of ``argv`` (``bench`` ships with the package)."""
+    import bench  # lazily: only 'assistant bench' needs it
+
+    return bench.run(argv)
 
 
 def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:

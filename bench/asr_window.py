@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Why ASR costs ~0.7 s on 2 CPU cores whatever the question's length, and why we keep it so.
 
 faster-whisper pads every utterance to Whisper's 30 s window, so tiny.en's encoder always
@@ -7,7 +6,7 @@ transcribes short espeak-ng questions (varied voices) twice: as faster-whisper d
 with the window cropped to the speech plus ``--margin-s`` (the encoder fed fewer frames),
 and counts how often the transcripts differ. Prints tables and writes JSON.
 
-    scripts/bench_asr_window.py --json docs/results/bench-asr-window-cpu.json
+    python -m bench.asr_window --json docs/results/bench-asr-window-cpu.json
 """
 
 from __future__ import annotations
@@ -22,36 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from assistant.config import ModelSettings  # noqa: E402
-from store.bundled import DEFAULT_ASR, ModelStore  # noqa: E402
-from tests.speech import speak  # noqa: E402
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Give me a tip for sleeping better.",
-    "Which planet is closest to the sun?",
-    "I would like to know how many days are in a week.",
-    "Tell me a fun fact about cats.",
-    "Who wrote Romeo and Juliet?",
-    "How do I boil an egg?",
-    "What is the opposite of hot?",
-    "Suggest a name for a dog.",
-    "What language is spoken in Spain?",
-    "Set a timer for ten minutes.",
-    "Play some relaxing music please.",
-]
-VOICES = [("en-us", 160), ("en-us+f3", 175), ("en-gb", 150), ("en-us+m3", 185), ("en-gb+f2", 165)]
+from assistant.config import ModelSettings
+from bench.corpus import SHORT_QUESTIONS as QUESTIONS
+from bench.corpus import VOICES
+from bench.speech import speak
+from store.bundled import DEFAULT_ASR, ModelStore
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--margin-s", type=float, default=1.0)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import ctranslate2
     from faster_whisper import WhisperModel
 

@@ -1,4 +1,4 @@
-"""The backends ``bench_decoder.py`` times, each behind one ``generate(ids, n) -> Timeline``.
+"""The backends ``bench/decoder.py`` times, each behind one ``generate(ids, n) -> Timeline``.
 
 A backend is built from a model folder; with ``--random-weights`` that folder is written first
 (seeded random weights of a real shape, saved as safetensors). Every runner produces exactly
@@ -228,7 +228,7 @@ def _transformers(ctx: Context) -> Runner:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
     return HFRunner(model.to(ctx.device).eval(), ctx.device)
 
 
@@ -236,7 +236,7 @@ def _onnxruntime(ctx: Context) -> Runner:
     from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
 
     # Fill the options we know by name; whatever else the backend has keeps its default.
-    wanted = {"capacity_tokens": ctx.capacity_tokens, "threads": 0}
+    wanted: dict[str, Any] = {"capacity_tokens": ctx.capacity_tokens, "threads": 0}
     known = {f.name for f in dataclasses.fields(OnnxRuntimeOptions)}
     options = OnnxRuntimeOptions(**{k: v for k, v in wanted.items() if k in known})
     return DriverRunner(load_onnxruntime_decoder(ctx.model_dir, ctx.tokenizer, options))

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Time the decoder backends side by side: TTFT, decode ms/token, voice-turn requests/s, memory.
 
 One process, one model folder, batch 1, greedy, one backend (table row) after the other; each
@@ -52,7 +51,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_backends import (
+
+from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
+from assistant.modes.offline import stay_offline
+from bench.backends import (
     AUTO_CPU,
     AUTO_CUDA,
     BACKENDS,
@@ -65,10 +67,8 @@ from bench_backends import (
     unavailable,
     write_random_model,
 )
-from bench_report import copy_bandwidth_gbps, machine, render, weight_floor
-
-from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
-from assistant.modes.offline import stay_offline
+from bench.corpus import TURN1, TURN2
+from bench.report import copy_bandwidth_gbps, machine, render, weight_floor
 from engines.base import GenerationOptions
 from engines.cuda_graph import CudaGraphStep
 from engines.torch_backend import configure_threads
@@ -79,7 +79,6 @@ FILLER = (
     "The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passed "
     "the rocky coast in the dark, and their crews were grateful for the steady beam of light. "
 )
-TURN1, TURN2 = "What is the capital of France?", "And what is it famous for?"
 
 
 def summary(samples: list[float]) -> dict[str, Any]:
@@ -214,7 +213,8 @@ def run_row(key: str, ctx: Context, bench: Bench) -> dict[str, Any]:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         t0 = now()
-        runner = BACKENDS[key].build(ctx)
+        runner: Runner | None = BACKENDS[key].build(ctx)
+        assert runner is not None
         row |= {"name": runner.name, "build_s": (now() - t0) / 1e9}
         print(
             f"[bench] {key}: {runner.name} built in {row['build_s']:.1f} s; measuring",
@@ -241,7 +241,7 @@ def run_row(key: str, ctx: Context, bench: Bench) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="bench_decoder.py",
+        prog="python -m bench.decoder",
         description=__doc__.split("\n\n")[0],
         epilog="Metric definitions: see this script's docstring.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

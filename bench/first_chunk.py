@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Time to the first spoken chunk with and without the first-chunk word cut, on the real LLM.
 
 Each question is asked once (a fresh conversation each, greedy, the bundled SmolLM2 on the
@@ -10,7 +9,7 @@ final flush produces it), which is what ``first_sentence_ms`` measures in the pi
 the microseconds of splitting. A warm-up question is asked first and not counted. Prints a
 table and writes JSON.
 
-    scripts/bench_first_chunk.py --json docs/results/bench-first-chunk-cpu.json
+    python -m bench.first_chunk --json docs/results/bench-first-chunk-cpu.json
 """
 
 from __future__ import annotations
@@ -32,22 +31,8 @@ from assistant.modes.offline import stay_offline
 from assistant.stages.dialogue import Dialogue
 from assistant.stages.llm import load_llm
 from assistant.stages.splitter import SentenceSplitter, SplitterOptions
-
-QUESTIONS = [
-    "Tell me about the history of Rome.",
-    "How do I make a cup of tea?",
-    "What is the capital of France?",
-    "Can you explain how a rainbow forms?",
-    "What should I cook for dinner tonight?",
-    "Why is the sky blue?",
-    "Give me some tips for sleeping better.",
-    "What's the weather usually like in London in spring?",
-    "How does a car engine work?",
-    "Can you recommend a good book to read?",
-    "What are the benefits of drinking water?",
-    "How far away is the moon?",
-]
-WARM_UP = "Hello, who are you?"
+from bench.corpus import OPEN_QUESTIONS as QUESTIONS
+from bench.corpus import WARM_UP
 
 
 @dataclass(frozen=True)
@@ -88,7 +73,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"median": float(np.median(a)), "p95": float(np.percentile(a, 95)), "max": float(a.max())}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="store name or folder")
@@ -97,7 +82,7 @@ def main() -> int:
     parser.add_argument("--words", type=int, default=5, help="first_chunk_words to compare with 0")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     settings = load_settings(
         None,
         env={},

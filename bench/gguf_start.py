@@ -5,7 +5,7 @@ Each start is a fresh process that times, with ``time.monotonic_ns()`` after its
 ``load_llm`` (PyTorch, CPU, fp32: resolve + config + tokenizer + weights). Prints a table
 and writes JSON::
 
-    PYTHONPATH=. .venv/bin/python scripts/measure_gguf_start.py --model model.gguf --json out.json
+    python -m bench.gguf_start --model model.gguf --json out.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 
-def one_start(model: str, store: Path, threads: int) -> dict[str, object]:
+def one_start(model: str, store_dir: Path, threads: int) -> dict[str, object]:
     """Resolve and load once in this process; the timings and the progress stages seen."""
     t_import = time.monotonic_ns()
     import torch
@@ -35,7 +35,7 @@ def one_start(model: str, store: Path, threads: int) -> dict[str, object]:
     torch.set_num_threads(threads)
     imports_ms = (time.monotonic_ns() - t_import) / 1e6
     events: list[str] = []
-    settings = ModelSettings(store_dir=store, llm=model)
+    settings = ModelSettings(store_dir=store_dir, llm=model)
     t0 = time.monotonic_ns()
     folder = resolve_llm_dir(settings, lambda e: events.append(e.stage))
     t1 = time.monotonic_ns()
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for i in range(args.starts):
-        cmd = [sys.executable, __file__, "--one-start", "--model", args.model, "--store", str(store)]
+        cmd = [sys.executable, "-m", "bench.gguf_start", "--one-start"]
+        cmd += ["--model", args.model, "--store", str(store)]
         cmd += ["--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append({"start": i + 1, **json.loads(out.stdout.strip().splitlines()[-1])})

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Long speech before/after (issue #8, defect 3): what ASR keeps of 2 minutes, what a short question costs.
 
 Runs the ASR stage of a git revision (``--before``, default ``main``: its ``assistant/stages/asr.py``
@@ -17,7 +16,7 @@ loaded from git) and of this working tree side by side, in one process, on the s
 
 Prints markdown tables and writes JSON:
 
-    scripts/bench_long_speech.py --json docs/results/bench-long-speech-cpu.json
+    python -m bench.long_speech --json docs/results/bench-long-speech-cpu.json
 """
 
 from __future__ import annotations
@@ -36,30 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from assistant.config import ModelSettings
+from assistant.stages.asr import AsrOptions, Transcriber
+from bench.corpus import LONG_VOICES, VOICES
+from bench.corpus import SHORT_QUESTIONS as QUESTIONS
+from bench.speech import COUNT, missing_numbers, numbered_sentences, speak
+from store.bundled import ModelStore
 
-from assistant.config import ModelSettings  # noqa: E402
-from assistant.stages.asr import AsrOptions, Transcriber  # noqa: E402
-from store.bundled import ModelStore  # noqa: E402
-from tests.speech import COUNT, missing_numbers, numbered_sentences, speak  # noqa: E402
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Give me a tip for sleeping better.",
-    "Which planet is closest to the sun?",
-    "I would like to know how many days are in a week.",
-    "Tell me a fun fact about cats.",
-    "Who wrote Romeo and Juliet?",
-    "How do I boil an egg?",
-    "What is the opposite of hot?",
-    "Suggest a name for a dog.",
-    "What language is spoken in Spain?",
-    "Set a timer for ten minutes.",
-    "Play some relaxing music please.",
-]
-VOICES = [("en-us", 160), ("en-us+f3", 175), ("en-gb", 150), ("en-us+m3", 185), ("en-gb+f2", 165)]
-LONG_VOICES = [("en-us", 160), ("en-gb+f3", 175), ("en-us+m3", 145)]
+ROOT = Path(__file__).resolve().parents[1]  # the source checkout: --before REV reads its git history
 
 
 def load_before(rev: str) -> type:
@@ -123,13 +106,13 @@ def p95(values: list[float]) -> float:
     return float(np.percentile(values, 95))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="main", help="git revision of the old ASR stage (default main)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     load_start = os.getloadavg()[0]
     store = ModelStore(ModelSettings().store_dir)
     options = AsrOptions(device="cpu", cpu_threads=args.threads)
@@ -172,7 +155,7 @@ def main() -> int:
                     texts.append(result.text)
                 same += texts[0] == texts[1]
     n = len(short["after"])
-    command = " ".join(["scripts/bench_long_speech.py", *sys.argv[1:]])
+    command = " ".join(["python -m bench.long_speech", *sys.argv[1:]])
     load = f"1-min load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     print(f"# {command}  ({load}, {args.threads} ASR threads)\n")
     print(

@@ -1,4 +1,4 @@
-"""Machine facts, the weight-bandwidth floor and the markdown report of ``bench_decoder.py``."""
+"""Machine facts, the weight-bandwidth floor and the markdown report of ``bench/decoder.py``."""
 
 from __future__ import annotations
 

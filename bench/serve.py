@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Many voice sessions on one served decoder: in-flight batching vs sequential batch-1, one run.
 
 Starts ``assistant serve``'s Triton (:class:`assistant.modes.serve.TritonProcess`) twice on the same
@@ -18,8 +17,8 @@ writes ``--json`` with every sample and the machine. ``--model`` is a folder of 
 ``--random-model NAME`` writes random weights of a real model's shape from its config fields
 (llama-1b: Llama-3.2-1B; smollm2: SmolLM2-135M; tiny: a CI smoke model).
 
-    scripts/bench_serve.py --random-model llama-1b --dtype bf16 --device cuda --sessions 1,4,16,64
-    scripts/bench_serve.py --random-model tiny --sessions 1,2 --turns 1 --json out.json  # CI smoke
+    python -m bench.serve --random-model llama-1b --dtype bf16 --device cuda --sessions 1,4,16,64
+    python -m bench.serve --random-model tiny --sessions 1,2 --turns 1 --json out.json  # CI smoke
 """
 
 from __future__ import annotations
@@ -38,13 +37,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from assistant.modes.serve import ServeSettings, TritonProcess  # noqa: E402
-from engines.base import GenerationOptions  # noqa: E402
-from engines.serving.remote import _Stream  # noqa: E402
-from engines.serving.wire import ServeOptions  # noqa: E402
+from assistant.modes.serve import ServeSettings, TritonProcess
+from engines.base import GenerationOptions
+from engines.serving.remote import _Stream
+from engines.serving.wire import ServeOptions
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(  # meta-llama/Llama-3.2-1B-Instruct's config.json
@@ -72,7 +68,8 @@ def random_model(name: str, folder: Path) -> Path:
 
     torch.manual_seed(0)
     config = LlamaConfig(**SHAPES[name], eos_token_id=-1, bos_token_id=0)  # no end token: fixed lengths
-    model = LlamaForCausalLM(config).to(torch.bfloat16 if name == "llama-1b" else torch.float32)
+    model: Any = LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16 if name == "llama-1b" else torch.float32)
     model.save_pretrained(folder)
     return folder
 
@@ -263,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "batched": serve_and_load(model_dir, rows, args, vocab),
             "sequential": serve_and_load(model_dir, 1, args, vocab),
         }
-    print(f"\n`{shlex.join(['scripts/bench_serve.py', *(argv or sys.argv[1:])])}`\n")
+    print(f"\n`{shlex.join(['python', '-m', 'bench.serve', *(argv or sys.argv[1:])])}`\n")
     header = "| server | sessions | requests/s | tokens/s | TTFT P50 / P95 / P99 ms | ms/token P50 |"
     print(header + " network P50 ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -277,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.json:
         doc = {
-            "command": shlex.join(["scripts/bench_serve.py", *(argv or sys.argv[1:])]),
+            "command": shlex.join(["python", "-m", "bench.serve", *(argv or sys.argv[1:])]),
             "machine": {"platform": platform.platform(), "python": platform.python_version(), **gpu()},
             "settings": {k: str(v) for k, v in vars(args).items()},
             "results": results,

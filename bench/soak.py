@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Soak test: many turns through the real live loop; fails when memory keeps growing.
 
 Runs ``assistant run --no-tui`` (with ``--metrics-port`` and ``--log``) on the private
@@ -15,7 +14,7 @@ over the last half of those turns (a one-off step is an allocator's high-water m
 leak), the app dies, a turn is not answered within ``--turn-timeout-s``, a reply is cut, the
 app reports a lost sound device, or the counts disagree.
 
-    scripts/soak.py --turns 200 --json soak.json -- --max-new-tokens 32
+    python -m bench.soak --turns 200 --json soak.json -- --max-new-tokens 32
 
 Arguments after ``--`` go to ``assistant run``. docs/monitoring.md says how a booth uses it.
 """
@@ -39,34 +38,17 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for assistant.observe.gpu and tests.speech
+from assistant.observe.gpu import GpuMonitor
+from bench import soak_report as report_
+from bench.corpus import SOAK_SPOKEN as SPOKEN
+from bench.corpus import SOAK_TYPED as TYPED
+from bench.corpus import VOICES
+from bench.speech import speak
 
-import soak_report as report_  # noqa: E402  (sibling module)
+ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/virtual-audio.sh, git describe
 
-from assistant.observe.gpu import GpuMonitor  # noqa: E402
-from tests.speech import speak  # noqa: E402
-
-TYPED = [
-    "What is the capital of France?",
-    "Name a color.",
-    "Give me a word that rhymes with cat.",
-    "What do bees make?",
-    "Say something about the sea.",
-    "How many legs does a spider have?",
-    "Suggest a name for a dog.",
-    "What is the opposite of cold?",
-]
-SPOKEN = [
-    "What is the capital of Italy?",
-    "Tell me a fun fact about cats.",
-    "What color is the sky?",
-    "Name a big city in Japan.",
-    "What is the largest ocean?",
-    "How do I boil an egg?",
-]
-VOICES = [("en-us", 160), ("en-us+f3", 175), ("en-gb", 150), ("en-us+m3", 185), ("en-gb+f2", 165)]
 SETTLE_S = 1.5  # after a spoken question ends: speech still to come would have started (1.2 s cap)
 SPEAK_GAP_S = 0.3  # after a turn, before the next question is played: the microphone reopens
 
@@ -80,7 +62,7 @@ class App:
 
     def __init__(self, cmd: list[str], env: dict[str, str], work: Path) -> None:
         self.stderr_path = work / "app-stderr.txt"
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+        pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         with self.stderr_path.open("w") as stderr:  # a file: PortAudio's lines must not fill a pipe
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stderr=stderr, **pipes)
         self.lines: list[str] = []
@@ -333,7 +315,7 @@ def build_report(args, app_args, cmd, work, log, spoken, samples, errors, durati
     cancelled = Counter(r["cancelled"] for r in records if r["cancelled"])
     after_warm = next((s for s in samples if s["turn"] >= warm), samples[-1] if samples else None)
     return {
-        "command": shlex.join(["scripts/soak.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "bench.soak", *sys.argv[1:]]),
         "app_command": shlex.join(["assistant", *cmd[3:], *app_args]),
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "work")},
         "machine": machine | {"load_avg_end": os.getloadavg()},

@@ -1,6 +1,6 @@
-"""The soak test's arithmetic (``scripts/soak.py``): growth per 100 turns, percentiles, verdict, table.
+"""The soak test's arithmetic (``bench/soak.py``): growth per 100 turns, percentiles, verdict, table.
 
-Pure: samples and turn records in, numbers and lines out (unit-tested in tests/test_soak.py).
+Pure: samples and turn records in, numbers and lines out (unit-tested in tests/unit/test_soak_verdict.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Time to first audio of the TTS engines side by side: pyttsx3 (espeak-ng) and Piper, in one run.
 
 Each engine gets the same texts, the pieces the pipeline hands to TTS (a reply's first chunk
@@ -13,7 +12,7 @@ Both synthesizers are built (and warmed up by their constructors) before timing;
 untimed round warms the caches. Prints a markdown table (median, P95, max in ms) and writes
 ``--json`` with the machine, versions and every sample.
 
-    scripts/bench_tts.py --rounds 5 --piper-threads 1,2 --json bench-tts.json
+    python -m bench.tts --rounds 5 --piper-threads 1,2 --json bench-tts.json
 """
 
 from __future__ import annotations
@@ -30,28 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from assistant.config import ModelSettings  # noqa: E402
-from assistant.modes.offline import stay_offline  # noqa: E402
-from assistant.stages.tts import Synthesizer, TtsOptions  # noqa: E402
-from store.bundled import ModelStore  # noqa: E402
-
-TEXTS = [  # as the splitter hands them over (first chunks, sentences, a two-sentence piece)
-    "The capital of France is Paris.",
-    "Sure, here is a fun fact:",
-    "Cats sleep for about sixteen hours a day.",
-    "The sky looks blue because",
-    "air scatters blue sunlight more than red.",
-    "Tokyo is the biggest city in Japan, with over thirteen million people.",
-    "Try to go to bed at the same time every night.",
-    "The largest ocean is the Pacific.",
-    "Water is made of hydrogen and oxygen.",
-    "Hello! How can I help you today?",
-    "Boil the egg for about nine minutes, then cool it in cold water.",
-    "Mount Everest is about 8,849 meters tall.",
-]
+from assistant.config import ModelSettings
+from assistant.modes.offline import stay_offline
+from assistant.stages.tts import Synthesizer, TtsOptions
+from bench.corpus import REPLY_PIECES as TEXTS
+from store.bundled import ModelStore
 
 
 def time_one(synth: object, text: str) -> dict[str, float]:
@@ -107,14 +89,14 @@ def version(dist: str) -> str:
         return "absent"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds over the texts (default 5)")
     parser.add_argument("--piper-threads", default="1", help="Piper's ONNX Runtime threads, e.g. 1,2")
     parser.add_argument("--piper-voice", default="en_US-joe-medium", help="store name or .onnx file")
     parser.add_argument("--store", type=Path, help="model store (default ~/.cache/assistant)")
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     stay_offline()  # as the app: ONNX Runtime's telemetry off before it is imported
     from assistant.stages.tts_piper import PiperSynthesizer
 

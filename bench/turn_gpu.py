@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Time the turn-taking stages a GPU machine runs, for a stage-by-stage voice-to-voice estimate.
 
 What it times, each a median and P95 of ``--runs`` after warm-up:
@@ -10,10 +9,10 @@ What it times, each a median and P95 of ``--runs`` after warm-up:
   i.e. a short question. An upper bound for ASR: faster-whisper (CTranslate2) is faster
   still, but has no build for a CUDA 13 machine.
 
-The LLM stages come from ``scripts/bench_decoder.py`` (TTFT and decode ms/token); the script
+The LLM stages come from ``python -m bench.decoder`` (TTFT and decode ms/token); the script
 prints the commands. Prints a table and writes JSON.
 
-    scripts/bench_turn_gpu.py --turn-model PATH --json out.json
+    python -m bench.turn_gpu --turn-model PATH --json out.json
 """
 
 from __future__ import annotations
@@ -25,13 +24,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-TINY_EN = {  # openai/whisper-tiny.en config.json
+TINY_EN: dict[str, Any] = {  # openai/whisper-tiny.en config.json
     "vocab_size": 51864,
     "num_mel_bins": 80,
     "d_model": 384,
@@ -71,7 +68,10 @@ def smart_turn(path: Path, runs: int) -> dict[str, dict[str, float]]:
     for threads in (1, 2, 4):
         model = SmartTurn(path, threads)
         out[f"smart turn, CPU, {threads} thread(s)"] = timed(
-            lambda m=model: m.score(audio), runs, 5, lambda: None
+            lambda m=model: m.score(audio),  # type: ignore[misc]
+            runs,
+            5,
+            lambda: None,
         )
     return out
 
@@ -83,7 +83,8 @@ def whisper(runs: int) -> dict[str, dict[str, float]]:
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
-    model = WhisperForConditionalGeneration(WhisperConfig(**TINY_EN)).to(device, dtype).eval()
+    model: Any = WhisperForConditionalGeneration(WhisperConfig(**TINY_EN))
+    model = model.to(device, dtype).eval()
     features = torch.randn(1, 80, 3000, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
@@ -102,7 +103,7 @@ def whisper(runs: int) -> dict[str, dict[str, float]]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from assistant.modes.offline import stay_offline
 
     stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
@@ -110,7 +111,7 @@ def main() -> int:
     parser.add_argument("--turn-model", type=Path, required=True, help="smart-turn-v3.2-cpu.onnx")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = {**smart_turn(args.turn_model, args.runs), **whisper(args.runs)}
     gpu = ""
     try:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """What the terminal UI costs the decoder: typed turns with and without the Textual UI.
 
 The same questions go through the pipeline alone (``VoicePipeline.run_text_turn``, events to
@@ -6,8 +5,8 @@ a list) and through the real UI driven by Textual's Pilot (headless, one session
 once per GIL switch interval. Each mode builds a fresh session in this process. Prints a
 table (TTFT, decode rate, first sentence: median and worst) and writes JSON.
 
-    scripts/bench_ui.py --json docs/results/bench-ui-cpu.json
-    scripts/bench_ui.py --random-weights .devrun/smollm2-random --device cuda --dtype fp16
+    python -m bench.ui --json docs/results/bench-ui-cpu.json
+    python -m bench.ui --random-weights .devrun/smollm2-random --device cuda --dtype fp16
 
 ``--random-weights DIR`` fills a copy of DIR (a config and tokenizer, no weights) with random
 weights of that shape, for machines without the model store; timing does not depend on them.
@@ -34,8 +33,7 @@ from assistant.config import load_settings
 from assistant.modes.offline import stay_offline
 from assistant.observe.latency import TurnRecord
 from assistant.tui.app import UI_SWITCH_INTERVAL_S, AssistantApp
-
-QUESTIONS = ["What is the capital of France?", "Say hello.", "Name a colour.", "Count to three."]
+from bench.corpus import UI_QUESTIONS as QUESTIONS
 
 
 def random_model(template: Path) -> Path:
@@ -98,7 +96,7 @@ def summary(records: list[TurnRecord]) -> dict[str, float]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     stay_offline()  # no telemetry from ONNX Runtime, no hub lookups (assistant/modes/offline.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="store name or folder")
@@ -112,7 +110,7 @@ def main() -> int:
     )
     parser.add_argument("--size", default="160x40", help="terminal size of the UI")
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model = str(random_model(args.random_weights)) if args.random_weights else args.model
     settings = load_settings(
         None,

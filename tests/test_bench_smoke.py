@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_decoder_smoke_times_every_cpu_row_and_writes_json_and_markdown(tmp_path):
     out_json = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_decoder.py"), "--smoke", "--json", str(out_json)]
+    cmd = [sys.executable, "-m", "bench.decoder", "--smoke", "--json", str(out_json)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "| backend | TTFT@32 p50 / p99 ms |" in out.stdout
@@ -32,7 +32,7 @@ def test_bench_decoder_smoke_times_every_cpu_row_and_writes_json_and_markdown(tm
     assert out_json.with_suffix(".md").read_text().startswith("# Decoder benchmark")
 
 
-def test_assistant_bench_runs_the_script(tmp_path):
+def test_assistant_bench_runs_the_decoder_benchmark_by_default_and_by_name(tmp_path):
     out_json = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "assistant", "bench", "--smoke", "--backends", "eager-fp32"]
     out = subprocess.run(
@@ -40,12 +40,17 @@ def test_assistant_bench_runs_the_script(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert [r["key"] for r in json.loads(out_json.read_text())["rows"]] == ["eager-fp32"]
+    bench = [sys.executable, "-m", "assistant", "bench"]
+    named = subprocess.run([*bench, "list"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert named.returncode == 0 and "decoder" in named.stdout and "soak" in named.stdout
+    helped = subprocess.run([*bench, "tts", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert helped.returncode == 0 and "--piper-threads" in helped.stdout
 
 
 def test_bench_ui_times_typed_turns_with_and_without_the_ui(tmp_path):
-    """scripts/bench_ui.py on the real model, one turn per row: a table and its JSON."""
+    """bench/ui.py on the real model, one turn per row: a table and its JSON."""
     out_json = tmp_path / "ui.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_ui.py"), "--turns", "1", "--max-new-tokens", "8"]
+    cmd = [sys.executable, "-m", "bench.ui", "--turns", "1", "--max-new-tokens", "8"]
     cmd += ["--switch-intervals", "0.0002", "--size", "80x24", "--json", str(out_json)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -60,13 +65,13 @@ def test_bench_ui_times_typed_turns_with_and_without_the_ui(tmp_path):
 
 
 def test_bench_serve_smoke_runs_both_servers_and_checks_the_replies(tmp_path):
-    """scripts/bench_serve.py on a tiny random model: a real tritonserver, batched and one row."""
+    """bench/serve.py on a tiny random model: a real tritonserver, batched and one row."""
     import pytest
 
     pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
     out_json = tmp_path / "serve.json"
     cmd = [
-        sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--random-model", "tiny", "--device", "cpu",
+        sys.executable, "-m", "bench.serve", "--random-model", "tiny", "--device", "cpu",
         "--threads", "1", "--sessions", "1,4", "--turns", "2", "--prompt-tokens", "16", "--reply-tokens", "8",
         "--think-ms", "0", "--json", str(out_json),
     ]  # fmt: skip

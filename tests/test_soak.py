@@ -1,4 +1,4 @@
-"""The soak test (``scripts/soak.py``): a short real run, and its growth verdict on made-up series.
+"""The soak test (``bench/soak.py``): a short real run, and its growth verdict on made-up series.
 
 The short run is the CI version of the 200-turn soak in docs/benchmarks.md: the real app on
 the virtual sound devices, 16 typed turns and 4 spoken ones, sampled every 2 turns, with a
@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from bench import soak_report
+from bench.soak import schedule
 
-import soak_report  # noqa: E402
-from soak import schedule  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TURNS, EVERY = 20, 2
 
@@ -29,7 +28,7 @@ TURNS, EVERY = 20, 2
 @pytest.mark.slow
 def test_a_short_soak_answers_every_turn_and_the_metrics_count_them(pulse, tmp_path):
     out = tmp_path / "soak.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "soak.py"), "--turns", str(TURNS), "--typed-ratio", "0.8"]
+    cmd = [sys.executable, "-m", "bench.soak", "--turns", str(TURNS), "--typed-ratio", "0.8"]
     cmd += ["--sample-every", str(EVERY), "--max-growth-mb", "100000", "--turn-timeout-s", "60"]
     cmd += ["--work", str(tmp_path / "work"), "--json", str(out), "--", "--max-new-tokens", "8"]
     # Short replies spoken quickly (a turn waits for its playback); a context small enough to
