@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python scripts/measure_mic_lost_notice.py 4
 
-Uses tests/test_faults_devices.py's private PulseAudio and app helpers. Prints the seconds from
+Uses tests/helpers/sound_server.py's private PulseAudio and app helpers. Prints the seconds from
 the kill to the "audio: microphone lost" line for each try (None: not within 15 s).
 """
 
@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.test_faults_devices import App, Pulse
+from tests.helpers.sound_server import App, Pulse
 
 
 def main() -> int:

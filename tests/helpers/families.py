@@ -20,6 +20,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
     MinistralConfig,
     MinistralForCausalLM,
     MistralConfig,
@@ -27,6 +29,8 @@ from transformers import (
     Phi3Config,
     Phi3ForCausalLM,
     PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -195,3 +199,29 @@ def greedy_run(driver, ids, n=32):
 
 def rel_err(got, expected) -> float:
     return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+COMMON = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def qwen2():
+    return Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=False, rope_theta=1e6))
+
+
+def llama3_scaled():
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return LlamaForCausalLM(LlamaConfig(**COMMON, rope_theta=500000.0, rope_scaling=scaling))

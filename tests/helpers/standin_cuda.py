@@ -1,4 +1,4 @@
-"""The CUDA half of the stand-in (``tests/trt_standin.py`` says what it is and why).
+"""The CUDA half of the stand-in (``tests/helpers/trt_standin.py`` says what it is and why).
 
 :class:`FakeCuda` is the ``cuda.bindings.runtime`` surface ``engines/tensorrt/cuda_mem.py``
 calls: device memory as bytes, pinned host memory at real addresses, streams that can lag
@@ -52,7 +52,7 @@ class Op:
     """One piece of queued work: ``run()`` does it; ``uses`` are the (ptr, nbytes) it touches.
 
     A kernel also says which device ranges it ``reads`` and ``writes`` (the real-CUDA bridge,
-    ``tests/standin_real_cuda.py``, stages exactly those around ``run()``).
+    ``tests/helpers/standin_real_cuda.py``, stages exactly those around ``run()``).
     """
 
     what: str

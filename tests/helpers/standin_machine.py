@@ -1,7 +1,7 @@
 """A machine with a GPU TensorRT-RTX supports, as far as the app can tell: the CPU stand-in wired in.
 
 Why a stand-in: no TensorRT engine can execute on this project's machines (no GPU in CI,
-TensorRT-RTX refuses the H200; ``tests/trt_standin.py``). :func:`install` makes ``--backend
+TensorRT-RTX refuses the H200; ``tests/helpers/trt_standin.py``). :func:`install` makes ``--backend
 auto`` see an RTX 4090 and TensorRT-RTX (a patched probe and ``gpu_info``), runs the real
 :class:`~engines.tensorrt.runtime.TensorRTStep` over :class:`~tests.trt_standin.FakeTensorRT`
 and :class:`~tests.trt_standin.FakeCuda`, and makes the build step write a stand-in engine
@@ -32,8 +32,8 @@ from engines.tensorrt import backend, builder, cuda_mem
 from engines.tensorrt.cuda_mem import GpuInfo
 from engines.tensorrt.flavour import Flavour
 from engines.tensorrt.options import EngineOptions
-from tests import trt_standin
-from tests.test_architectures import COMMON, qwen2
+from tests.helpers import trt_standin
+from tests.helpers.families import COMMON, qwen2
 
 GPU = GpuInfo("stand-in RTX 4090", (8, 9), 24 << 30)
 # fp32: the stand-in runs the fp32 export, so the gate compares like with like.

@@ -1,6 +1,6 @@
 """The stand-in's TensorRT half over real CUDA: ``STANDIN_CUDA=real`` on a machine with a GPU.
 
-Why: no TensorRT engine can execute on this project's machines (``tests/trt_standin.py``
+Why: no TensorRT engine can execute on this project's machines (``tests/helpers/trt_standin.py``
 says why), but the cuda-python code around it can run for real on the H200 we are lent:
 ``cuda_mem``'s device and pinned memory, the stream, async and pitched copies, stream
 capture into CUDA graphs and their replays. :class:`RealCuda` is the real
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.standin_cuda import POISON, Op
+from tests.helpers.standin_cuda import POISON, Op
 
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 LAG_S = {"full": 0.020, "random": 0.005}

@@ -6,7 +6,7 @@ there (``/work/shared/ENVIRONMENT.md``, ``docs/engines.md``). So the runtime is 
 this executable specification instead: the real :class:`~engines.tensorrt.runtime.TensorRTStep`
 and :mod:`engines.tensorrt.cuda_mem` code, over
 
-- :class:`FakeCuda` (``tests/standin_cuda.py``), the ``cuda.bindings.runtime`` calls
+- :class:`FakeCuda` (``tests/helpers/standin_cuda.py``), the ``cuda.bindings.runtime`` calls
   ``cuda_mem`` makes (device and pinned memory, a stream with async copies, stream capture
   into CUDA graphs, graph launches), and
 - :class:`FakeTensorRT`, the TensorRT / TensorRT-RTX module calls the runtime makes (runtime,
@@ -35,7 +35,7 @@ It is strict where real hardware is silently wrong:
 
 What it cannot tell: real kernels, timing and GPU memory limits; TensorRT's own numerics
 (ONNX Runtime computes instead); asynchrony inside one stream (the queue runs in order); and
-whether the real bindings accept these arguments at run time (``tests/test_tensorrt_conformance.py``
+whether the real bindings accept these arguments at run time (``tests/unit/test_tensorrt_calls_exist.py``
 checks names and signatures against the installed ``tensorrt_rtx`` bindings).
 """
 
@@ -51,7 +51,7 @@ import onnxruntime as ort
 
 from engines.onnx_export import INPUT_IDS, LAST_LOGITS, POSITION_IDS
 from engines.tensorrt.options import EngineOptions, profile_shapes
-from tests.standin_cuda import FakeCuda, Op, OrderingError
+from tests.helpers.standin_cuda import FakeCuda, Op, OrderingError
 
 __all__ = ["FakeCuda", "FakeTensorRT", "OrderingError", "engine_blob"]
 
@@ -80,7 +80,7 @@ class EngineValidity(enum.IntEnum):
 
 
 class EngineInvalidityDiagnostics(enum.IntFlag):
-    """TensorRT-RTX 1.7's members and values (``tests/test_tensorrt_conformance.py`` checks them)."""
+    """TensorRT-RTX 1.7's members and values (``tests/unit/test_tensorrt_calls_exist.py`` checks them)."""
 
     VERSION_MISMATCH = 1
     UNSUPPORTED_CC = 2

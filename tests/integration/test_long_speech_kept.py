@@ -25,8 +25,8 @@ import pytest
 from assistant.events import AudioStarted, Event, SpeechEnded, TurnHeld
 from assistant.stages.asr import WINDOW_S, quiet_clips
 from assistant.stages.vad import CHUNK_SAMPLES, SAMPLE_RATE_HZ, Endpointer, VadOptions
-from tests.speech import COUNT, lost_sentences, numbered_sentences, silence, speak, trim
-from tests.test_turn_taking import converse, live_session  # noqa: F401 (a fixture)
+from bench.speech import COUNT, lost_sentences, numbered_sentences, silence, speak, trim
+from tests.helpers.turns import converse
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +220,8 @@ async def test_the_ui_shows_held_speech_then_one_line_for_the_whole_utterance():
     from assistant.events import SpeechStarted, TranscriptReady
     from assistant.tui.app import AssistantApp
     from assistant.tui.messages import PipelineEvent, SessionReady
-    from tests.test_tui import INFO
-    from tests.tui_helpers import screen_text
+    from tests.helpers.screen import screen_text
+    from tests.helpers.tui import INFO
 
     app = AssistantApp(None, gpu=False)
     first, whole = "Sentence number one.", "Sentence number one. Sentence number two."  # no line wraps

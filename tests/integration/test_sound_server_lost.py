@@ -10,13 +10,10 @@ measured notice latency is printed, ``-s`` shows it).
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,58 +25,17 @@ from assistant.stages.audio import AudioOptions, Speaker
 from assistant.stages.devices import DeviceLostError, DeviceWatch
 from assistant.tui.app import AssistantApp
 from assistant.tui.widgets import Conversation
-from tests.speech import numbered_sentences, speak
-from tests.test_tui import builder, pipeline_threads, rescan_audio_devices, settings, wait_until
-from tests.tui_helpers import screen_text
+from bench.speech import numbered_sentences, speak
+from tests.helpers.screen import screen_text
+from tests.helpers.sound_server import App, Pulse
+from tests.helpers.tui import builder, pipeline_threads, rescan_audio_devices, settings, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "virtual-audio.sh")
 LOST_S = 5.0  # deadline for the lost notice (it comes within ~0.1 s of the kill; see the log)
 BACK_S = 15.0  # deadline for the restored notice: the reopen backoff reaches 5 s
 GRACE_S = 3.0  # assistant.stages.audio.STARTUP_GRACE_NS: stalls count once a stream has run this long
 STALL_S = 10.0  # deadline for a stall's notice: a stream counts as stalled 3 s after it ran + 1 s
-
-
-class Pulse:
-    """This module's PulseAudio: ``kill()`` it as a crash would, ``start()`` it again."""
-
-    def __init__(self, runtime: Path) -> None:
-        self.runtime = runtime
-        self.env: dict[str, str] = {}
-        self.hung = 0  # pid of the server while it is stopped (SIGSTOP)
-
-    def _script(self, command: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "VIRTUAL_AUDIO_RUNTIME": str(self.runtime)}
-        return subprocess.run([SCRIPT, command], capture_output=True, text=True, env=env)
-
-    def start(self) -> None:
-        """Start it (a no-op while it runs)."""
-        out = self._script("start")
-        assert out.returncode == 0, out.stderr
-        self.env = dict(item.split("=", 1) for item in out.stdout.split()[1:])
-
-    def kill(self) -> int:
-        """SIGKILL the server; returns the monotonic time of the kill (ns)."""
-        pid = int((self.runtime / "pulse" / "pid").read_text())
-        t_ns = time.monotonic_ns()
-        os.kill(pid, signal.SIGKILL)
-        return t_ns
-
-    def hang(self) -> int:
-        """SIGSTOP the server (still there, answering nothing); returns the monotonic time (ns)."""
-        self.hung = int((self.runtime / "pulse" / "pid").read_text())
-        t_ns = time.monotonic_ns()
-        os.kill(self.hung, signal.SIGSTOP)
-        return t_ns
-
-    def resume(self) -> None:
-        if self.hung:
-            os.kill(self.hung, signal.SIGCONT)
-            self.hung = 0
-
-    def stop(self) -> None:
-        self.resume()
-        self._script("stop")
 
 
 @pytest.fixture(scope="module")
@@ -116,57 +72,6 @@ def started():
             app.proc.kill()
             app.proc.wait(30)
         app.stderr.close()
-
-
-class App:
-    """``assistant run --no-tui`` on the module's server: stdout read line by line, events logged."""
-
-    def __init__(self, server: Pulse, folder: Path, started: list[App], args: tuple[str, ...] = ()) -> None:
-        started.append(self)
-        self.events_path, self.log = folder / "events.jsonl", folder / "turns.jsonl"
-        self.stderr_path = folder / "stderr.txt"
-        cmd = [sys.executable, "-m", "assistant", "run", "--no-tui", *args]
-        cmd += ["--events", str(self.events_path), "--log", str(self.log)]
-        self.stderr = self.stderr_path.open("w")  # a file: PortAudio's lines must not fill a pipe
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env={**os.environ, **server.env}
-        )
-        self.lines: list[str] = []
-
-    def wait_for(self, pattern: str, timeout_s: float) -> str:
-        """The next stdout line matching ``pattern``; fails after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        os.set_blocking(self.proc.stdout.fileno(), False)
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.02)
-                continue
-            self.lines.append(line)
-            if re.search(pattern, line):
-                return line
-        raise AssertionError(f"no {pattern!r} within {timeout_s} s in: {''.join(self.lines)}")
-
-    def events(self, name: str) -> list[dict]:
-        lines = self.events_path.read_text().splitlines() if self.events_path.exists() else []
-        return [e for e in map(json.loads, lines) if e["event"] == name]
-
-    def records(self) -> dict[int, dict]:
-        return {r["turn_id"]: r for r in map(json.loads, self.log.read_text().splitlines())}
-
-    def finish(self, sig: int = signal.SIGINT) -> str:
-        """Stop it with ``sig``; asserts a clean exit and no traceback; returns stderr."""
-        self.proc.send_signal(sig)
-        code = self.proc.wait(30)
-        self.stderr.close()
-        stderr = self.stderr_path.read_text()
-        rest = self.proc.stdout.read() or ""
-        assert code == 0, (code, stderr)
-        assert "stopped" in rest, rest
-        assert "Traceback" not in stderr, stderr
-        return stderr
 
 
 def notice_latency_ms(app: App, kill_ns: int) -> float:

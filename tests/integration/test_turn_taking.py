@@ -10,17 +10,13 @@ import asyncio
 import os
 import re
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from assistant.config import load_settings
 from assistant.events import (
     AudioStarted,
-    Event,
     SpeculationDiscarded,
     SpeculationStarted,
     SpeechEnded,
@@ -30,9 +26,9 @@ from assistant.events import (
 from assistant.observe.latency import build_record
 from assistant.stages.endpoint import SmartTurnPolicy, TurnOptions, end_of_turn_policy
 from assistant.stages.vad import Endpointer, FixedSilence, VadOptions
-from assistant.turns.live import LiveLoop
+from bench.speech import paused_question, silence, speak, trim, write_wav
 from store.bundled import BUNDLED, DEFAULT_TURN, ModelStore
-from tests.speech import paused_question, silence, speak, trim, write_wav
+from tests.helpers.turns import converse, kinds
 
 PAUSE_S = 0.7
 
@@ -58,10 +54,6 @@ def smart_turn(store) -> SmartTurnPolicy:
     policy, notice = end_of_turn_policy(TurnOptions(), VadOptions(), store)
     assert isinstance(policy, SmartTurnPolicy), notice
     return policy
-
-
-def kinds(events: list[Event]) -> list[str]:
-    return [type(e).__name__ for e in events]
 
 
 # --- the endpointer and its policies, on recorded speech ----------------------------------
@@ -186,66 +178,6 @@ def test_record_skips_discarded_attempts_and_counts_the_work_done_in_the_wait():
 # --- live, on the virtual devices -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def live_session(pulse, store):
-    """One session (devices, LLM, ASR, TTS, Smart Turn) on the virtual PulseAudio."""
-    from tests.test_tui import rescan_audio_devices
-
-    saved = {k: os.environ.get(k) for k in pulse}
-    os.environ.update(pulse)
-    rescan_audio_devices()
-    from assistant.app import build_session
-
-    events: list[Event] = []
-    s = load_settings(
-        None,
-        overrides={
-            "decoder.backend": "pytorch",
-            "decoder.threads": 2,
-            "asr.cpu_threads": 2,
-            "generation.max_new_tokens": 24,
-        },
-    )
-    session = build_session(s, emit=events.append)
-    assert session.mic is not None and session.speaker is not None, session.notices
-    yield session, events
-    session.close()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    rescan_audio_devices()
-
-
-def converse(live_session, pulse, audio_dir, audio, endpointer, turn: TurnOptions, name: str):
-    """Play ``audio`` into the virtual mic; return the turn's record, its events and the history."""
-    session, events = live_session
-    events.clear()
-    session.pipeline.records.clear()
-    session.dialogue.turns, session.dialogue.transcript = [], []
-    session.speaker.first_audio_t_ns.clear()  # each test's endpointer numbers turns from 1 again
-    session.speaker.played_samples.clear()
-    loop = LiveLoop(session.pipeline, session.mic, session.speaker, endpointer, turn=turn)
-    loop.start()
-    try:
-        wav = write_wav(audio_dir / f"{name}.wav", audio)
-        subprocess.run(["paplay", "--device=micfeed", str(wav)], env={**os.environ, **pulse}, check=True)
-        deadline = time.monotonic() + 120
-        while not session.pipeline.records or loop.busy():
-            assert time.monotonic() < deadline, kinds(events)
-            time.sleep(0.1)
-        time.sleep(1.0)  # nothing else may follow
-    finally:
-        loop.stop()
-        # The next test's loop starts the microphone again: leave it opened but not started.
-        # Stopping its stream directly made PortAudio report it finished, which the next
-        # test's device watch then took for a lost microphone (and missed its first 0.6 s).
-        session.mic.running = False
-        session.mic.reopen()
-    return session.pipeline.records, list(events), list(session.dialogue.turns)
-
-
 def answers_the_whole_question(records, turns) -> None:
     (record,) = records
     words = re.sub(r"[^a-z ]", "", record.transcript.lower())
@@ -328,7 +260,8 @@ def test_speech_resumed_during_speculative_generation_discards_it_unplayed(
 @pytest.mark.asyncio
 async def test_partial_transcript_shows_while_the_user_speaks(pulse, audio_dir, monkeypatch):
     """A 5 s question into the virtual mic: words appear before the final transcript (Pilot)."""
-    from tests.test_tui import AssistantApp, builder, rescan_audio_devices, settings, wait_until
+    from assistant.tui.app import AssistantApp
+    from tests.helpers.tui import builder, rescan_audio_devices, settings, wait_until
 
     for key, value in pulse.items():
         monkeypatch.setenv(key, value)

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.speech import read_wav, speak
+from bench.speech import read_wav, speak
+from tests.helpers.voice import Live, assistant, sound_bursts, transcribe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORDER = [  # the endpoint is not in it: speculative ASR may finish before the end of the turn
     "speech_end",
     "transcript",
@@ -35,24 +36,12 @@ METRICS = [
 ]
 
 
-def assistant(*args, env=None, **kwargs):
-    cmd = [sys.executable, "-m", "assistant", *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300, **kwargs
-    )
-
-
 @pytest.fixture(scope="module")
 def whisper(store):
     from faster_whisper import WhisperModel
 
     folder = store.fetch("whisper-tiny.en", progress=lambda _m: None)
     return WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=2)
-
-
-def transcribe(whisper, audio) -> str:
-    segments, _ = whisper.transcribe(audio, beam_size=5, language="en")
-    return " ".join(s.text for s in segments)
 
 
 @pytest.fixture(scope="module")
@@ -103,29 +92,6 @@ def test_bad_input_files_give_a_clear_error(tmp_path, content, message):
     assert re.search(message, result.stderr, re.I) and "Traceback" not in result.stderr
 
 
-class Live:
-    """``assistant run --no-tui`` on the virtual devices, with its stdout read line by line."""
-
-    def __init__(self, env, log, *args):
-        cmd = [sys.executable, "-m", "assistant", "run", "--no-tui", "--log", str(log), *args]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
-        )
-        self.lines: list[str] = []
-
-    def wait_for(self, pattern: str, timeout_s: float = 120) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if re.search(pattern, line):
-                return line
-        stderr = self.proc.stderr.read() if self.proc.poll() is not None else ""
-        raise AssertionError(f"no {pattern!r} in output: {''.join(self.lines)} {stderr}")
-
-
 def speech_part(audio, pad_s: float = 0.2):
     """``audio`` from shortly before its first sound: tiny.en drops words after long silence."""
     loud = np.nonzero(np.abs(audio) > 1e-3)[0]
@@ -171,17 +137,6 @@ def test_live_turn_through_virtual_mic_and_speaker(pulse, question_wav, tmp_path
     # "Le Grand Paris" came back as "The round part is").
     words = {w for w in re.findall(r"[a-z]{4,}", json.loads(line)["reply"].lower())}
     assert len(words & set(re.findall(r"[a-z]{4,}", heard.lower()))) >= len(words) / 2, (heard, line)
-
-
-def sound_bursts(audio, gap_s: float = 0.4, level: float = 1e-3) -> list[tuple[float, float]]:
-    """(start, end) seconds of the stretches of sound separated by at least ``gap_s`` of silence."""
-    loud = np.nonzero(np.abs(audio) > level)[0] / 16000
-    if not loud.size:
-        return []
-    breaks = np.nonzero(np.diff(loud) >= gap_s)[0]
-    starts = np.concatenate([[loud[0]], loud[breaks + 1]])
-    ends = np.concatenate([loud[breaks], [loud[-1]]])
-    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 def test_barge_in_stops_the_reply_within_200_ms_and_keeps_only_what_was_heard(pulse, question_wav, tmp_path):
