@@ -8,6 +8,7 @@ the kill to the "audio: microphone lost" line for each try (None: not within 15 
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -17,7 +18,9 @@ from tests.helpers.sound_server import App, Pulse
 
 
 def main() -> int:
-    tries = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tries", type=int, nargs="?", default=4, help="kills to time (default 4)")
+    tries = parser.parse_args().tries
     pulse = Pulse(Path(tempfile.mkdtemp()))
     results: list[float | None] = []
     try:
