@@ -6,14 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from bench.corpus import PARITY_PROMPTS as PROMPTS
 from models.decoder import KVCache
 from models.weights import load_decoder
-
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "<|im_start|>user\nName three colours of the rainbow.<|im_end|>\n<|im_start|>assistant\n",
-]
 
 
 @pytest.fixture(scope="module")

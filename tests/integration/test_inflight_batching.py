@@ -12,22 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.corpus import BATCH_QUESTIONS as QUESTIONS
 from engines.base import GenerationOptions, StopReason
 from engines.serving.batching import BatchedTorchStep, BatchScheduler, RequestError
 from models.config import DecoderConfig
 from models.decoder import Decoder, KVCache
 from models.weights import load_decoder
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three colours.",
-    "How many days are in a week?",
-    "Tell me a joke.",
-    "What is two plus two?",
-    "Who wrote Hamlet?",
-    "What is the speed of light?",
-    "Say hello in Spanish.",
-]
 GREEDY = GenerationOptions(max_new_tokens=24)
 
 

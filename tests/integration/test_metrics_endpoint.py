@@ -16,10 +16,9 @@ import pytest
 
 from assistant.observe.latency import STAGES
 from assistant.observe.metrics import HISTOGRAMS, Metrics, MetricsOptions, MetricsPortError
+from bench.corpus import TYPED_PAIR as TYPED
 from bench.speech import speak
 from tests.helpers.metrics import free_port, listening_addresses, scrape, wait_records
-
-TYPED = ("What is the capital of France?", "Name a color.")
 
 
 @pytest.mark.slow

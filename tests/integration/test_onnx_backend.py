@@ -20,6 +20,7 @@ import torch
 
 from assistant.config import DecoderSettings, ModelSettings
 from assistant.stages.llm import load_llm
+from bench.corpus import PARITY_PROMPTS as PROMPTS
 from engines import onnx_export
 from engines.base import StopReason
 from engines.onnx_export import (
@@ -40,11 +41,6 @@ from tests.helpers.cli import run_cli
 from tests.helpers.families import llama3_scaled, qwen2
 from tests.helpers.llm import make_dialogue, run_reply
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "<|im_start|>user\nName three colours of the rainbow.<|im_end|>\n<|im_start|>assistant\n",
-]
 # Shapes and ops that TensorRT's parser rejects or that make shapes depend on data.
 FORBIDDEN_OPS = {"NonZero", "Unique", "Loop", "If", "Scan", "ScatterND", "ScatterElements"}
 

@@ -29,13 +29,13 @@ import yaml
 
 from assistant.observe.gpu import GpuSample
 from assistant.observe.metrics import Metrics
+from bench.corpus import TYPED_PAIR as TYPED
 from tests.helpers.metrics import free_port, wait_records
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "docs" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 ALERTS = MONITORING / "alerts.yml"
-TYPED = ("What is the capital of France?", "Name a color.")
 # What Grafana puts in place of its own variables; the dashboard's are read from its templating.
 GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "1m", "__range": "1h"}
 
