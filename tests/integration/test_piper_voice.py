@@ -340,9 +340,9 @@ def test_barge_in_stops_the_piper_reply_on_the_virtual_speaker(pulse, voice_fold
 
 
 def test_bench_tts_times_both_engines_side_by_side(voice_folder, tmp_path):
-    """scripts/bench_tts.py in one short round, so that it cannot rot unnoticed."""
+    """bench/tts.py in one short round, so that it cannot rot unnoticed."""
     out_json = tmp_path / "bench-tts.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_tts.py"), "--rounds", "1", "--json", str(out_json)]
+    cmd = [sys.executable, "-m", "bench.tts", "--rounds", "1", "--json", str(out_json)]
     cmd += ["--piper-voice", str(onnx_of(voice_folder))]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
