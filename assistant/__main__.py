@@ -5,9 +5,9 @@ Without a subcommand it opens the terminal UI (``assistant.tui``); ``chat`` is t
 Argument parsing and dispatch only: it builds the settings, runs the checks of
 :mod:`assistant.modes.preflight` (paths, the ``--input`` question, a context too small for the
 prompt) before any model loads, and hands over to the subcommand's mode in
-:mod:`assistant.modes` (or the UI, :mod:`assistant.tui`). Only the standard library is
-imported at the top, and each mode only when it runs, so that Ctrl-C at any point of the
-start-up ends quietly (:func:`main`).
+:mod:`assistant.modes` (or the UI, :mod:`assistant.tui`; ``bench [NAME]``: the ``bench`` package).
+Only the standard library is imported at the top, and each mode only when it runs, so that
+Ctrl-C at any point of the start-up ends quietly (:func:`main`).
 """
 
 from __future__ import annotations

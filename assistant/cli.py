@@ -267,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_parsers(sub, _common)
     sub.add_parser(
-        "bench", help="decoder benchmark: runs scripts/bench_decoder.py (bench --help)", add_help=False
+        "bench",
+        help="benchmarks: bench [NAME] ARGS runs bench.NAME (default decoder; bench list, bench NAME --help)",
+        add_help=False,
     )
     return parser
 

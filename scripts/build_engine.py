@@ -25,12 +25,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from assistant.config import load_settings  # the installed package (scripts/setup.sh installs it editable)
+from assistant.stages.llm import engine_cache_dir, resolve_llm_dir
+from engines.tensorrt.cache import read_record
 
-from assistant.config import load_settings  # noqa: E402
-from assistant.stages.llm import engine_cache_dir, resolve_llm_dir  # noqa: E402
-from engines.tensorrt.cache import read_record  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

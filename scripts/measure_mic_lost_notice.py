@@ -2,22 +2,25 @@
 
     PYTHONPATH=$PWD .venv/bin/python scripts/measure_mic_lost_notice.py 4
 
-Uses tests/test_faults_devices.py's private PulseAudio and app helpers. Prints the seconds from
+Uses tests/helpers/sound_server.py's private PulseAudio and app helpers. Prints the seconds from
 the kill to the "audio: microphone lost" line for each try (None: not within 15 s).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.test_faults_devices import App, Pulse
+from tests.helpers.sound_server import App, Pulse
 
 
 def main() -> int:
-    tries = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tries", type=int, nargs="?", default=4, help="kills to time (default 4)")
+    tries = parser.parse_args().tries
     pulse = Pulse(Path(tempfile.mkdtemp()))
     results: list[float | None] = []
     try:

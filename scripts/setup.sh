@@ -30,7 +30,7 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # System packages: PortAudio for sounddevice, espeak-ng for pyttsx3; the tests also use a
 # private PulseAudio as virtual microphone/speaker, espeak-ng/sox for utterances, tmux for the UI,
-# and Prometheus with promtool for docs/monitoring/ (tests/test_prometheus.py).
+# and Prometheus with promtool for docs/monitoring/ (tests/integration/test_prometheus_dashboards.py).
 apt_pkgs=(libportaudio2 libespeak-ng1 espeak-ng alsa-utils)
 (( dev )) && apt_pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins sox tmux prometheus)
 missing=()

@@ -7,17 +7,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from assistant.config import DEFAULT_SYSTEM_PROMPT, ModelSettings
-from assistant.stages.dialogue import Dialogue
+from assistant.config import ModelSettings
 from assistant.stages.llm import load_tokenizer
-from engines.base import GenerationOptions
+from assistant.stages.tts import Synthesizer, TtsOptions
 from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
-from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from store.bundled import DEFAULT_LLM, ModelStore
+from tests.helpers.llm import make_decoder
+from tests.helpers.tts import PARIS
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,12 +58,6 @@ def tokenizer(model_dir: Path):
     return load_tokenizer(model_dir)
 
 
-def make_decoder(model_dir: Path, tokenizer, capacity_tokens: int = 2048) -> DecoderDriver:
-    """A CPU fp32 decoder over the real model (as ``assistant.stages.llm.load_llm`` builds it)."""
-    options = TorchBackendOptions(device="cpu", dtype="fp32", capacity_tokens=capacity_tokens, threads=2)
-    return load_torch_decoder(model_dir, tokenizer, options)
-
-
 @pytest.fixture(scope="session")
 def decoder(model_dir: Path, tokenizer) -> DecoderDriver:
     return make_decoder(model_dir, tokenizer)
@@ -72,18 +67,6 @@ def decoder(model_dir: Path, tokenizer) -> DecoderDriver:
 def fresh_decoder(decoder: DecoderDriver) -> DecoderDriver:
     decoder.reset()
     return decoder
-
-
-def make_dialogue(decoder: DecoderDriver, tokenizer, **options) -> Dialogue:
-    opts = GenerationOptions(**{"max_new_tokens": 48, **options})
-    return Dialogue(decoder, tokenizer, DEFAULT_SYSTEM_PROMPT, opts)
-
-
-def run_reply(dialogue: Dialogue, text: str):
-    """Ask and drain the reply; returns (reply, token ids)."""
-    reply = dialogue.ask(text)
-    ids = [c.token_id for c in reply if c.token_id >= 0]
-    return reply, ids
 
 
 def pytest_addoption(parser):
@@ -130,3 +113,10 @@ def smollm2_export(onnx_model_dir: Path):
         return done[dtype]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def paris_audio() -> np.ndarray:
+    """The espeak-ng voice saying :data:`tests.helpers.tts.PARIS` (16 kHz mono float32)."""
+    with Synthesizer(TtsOptions(voice="en-us")) as synth:
+        return synth.synthesize(PARIS)

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 # The GIL is handed to a waiting thread after this long (Python's default: 5 ms). Textual
 # draws in Python on the UI thread; with 5 ms the decode thread waited for the GIL after
 # each CUDA sync (H200: 227 tok/s in the UI against 493 without it; at 0.2 ms, 490).
-# docs/benchmarks.md has the runs (scripts/bench_ui.py).
+# docs/benchmarks.md has the runs (bench/ui.py).
 UI_SWITCH_INTERVAL_S = 0.0002
 GPU_POLL_S = 2.0  # the status bar's GPU line and the memory trend
 LOADER_JOIN_S = 120.0  # longest single load step waited for at quit (an ONNX export: ~15 s)

@@ -1,0 +1,129 @@
+"""Start-up time with warm caches: from the command to "assistant ready" / the first turn line.
+
+Runs each checkout's ``python -m assistant`` (``--before DIR`` and ``--after DIR``, each put
+first on ``PYTHONPATH``) alternately, ``--runs`` times each, and prints a table of median,
+P95 and every run; ``--json FILE`` writes the same. One warm-up run of each is not counted
+(it fills the page cache and the model caches).
+
+Each checkout gets its own store (``--stores DIR``: ``DIR/before``, ``DIR/after``), whose model
+folders link to the files of the user's store: the ONNX export is keyed by the code that
+builds it, so two checkouts sharing one store would replace each other's export every run.
+
+    python -m bench.startup --before /work/wt-before --after . --runs 3 --json start.json
+
+Modes: ``chat`` (``assistant chat < /dev/null`` until "assistant ready") and ``run``
+(``assistant run --no-tui --input q.wav --output r.wav`` until its first line on stdout, the
+turn's transcript; ``q.wav`` is made with espeak-ng and sox).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+READY = {"chat": "assistant ready"}
+
+
+def question_wav(folder: Path) -> Path:
+    """``q.wav``: a spoken question, 16 kHz mono (espeak-ng, then sox without dither)."""
+    raw, out = folder / "q-raw.wav", folder / "q.wav"
+    subprocess.run(["espeak-ng", "-s", "160", "-w", str(raw), "What is the capital of France?"], check=True)
+    subprocess.run(["sox", "-D", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True)
+    return out
+
+
+def link_store(source: Path, dest: Path) -> Path:
+    """A store at ``dest`` whose model files are symbolic links into ``source`` (no caches)."""
+    for folder in sorted(
+        p for p in (source / "models").iterdir() if p.is_dir() and not p.name.startswith(".")
+    ):
+        target = dest / "models" / folder.name
+        target.mkdir(parents=True, exist_ok=True)
+        for f in folder.iterdir():
+            if f.is_file() and not (target / f.name).exists():
+                (target / f.name).symlink_to(f)
+    return dest
+
+
+def time_once(checkout: Path, store: Path, mode: str, wav: Path, out_dir: Path) -> float:
+    """Seconds from starting the command to its ready line (the process is then stopped)."""
+    args = (
+        ["chat"]
+        if mode == "chat"
+        else ["run", "--no-tui", "--input", str(wav), "--output", str(out_dir / "r.wav")]
+    )
+    args += ["--store", str(store)]
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "assistant", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if mode == "chat" else subprocess.DEVNULL,
+        text=True,
+        cwd=checkout,
+        env=env,
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if mode == "run" or READY["chat"] in line:
+                return time.monotonic() - start
+        raise RuntimeError(f"{checkout}: 'assistant {' '.join(args)}' ended before it was ready")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print the table, write the JSON; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="checkout before the change")
+    parser.add_argument("--after", type=Path, default=Path.cwd(), help="checkout after (default: here)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", default="chat,run")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--source-store", type=Path, default=Path.home() / ".cache" / "assistant")
+    parser.add_argument("--stores", type=Path, default=Path("/tmp/measure-startup-stores"))
+    args = parser.parse_args(argv)
+    checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
+    stores = {label: link_store(args.source_store, args.stores / label) for label in checkouts}
+    results: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = question_wav(Path(tmp))
+        for mode in args.modes.split(","):
+            runs: dict[str, list[float]] = {label: [] for label in checkouts}
+            for label, checkout in checkouts.items():  # warm-up, not counted
+                time_once(checkout, stores[label], mode, wav, Path(tmp))
+            for _ in range(args.runs):  # alternating, so load on the machine hits both alike
+                for label, checkout in checkouts.items():
+                    runs[label].append(time_once(checkout, stores[label], mode, wav, Path(tmp)))
+            results[mode] = runs
+    print(f"{'mode':6} {'checkout':8} {'median s':>9} {'P95 s':>7}  runs s")
+    table = {}
+    for mode, runs in results.items():
+        for label, values in runs.items():
+            row = {"median_s": statistics.median(values), "p95_s": p95(values), "runs_s": values}
+            table[f"{mode}/{label}"] = row
+            listed = " ".join(f"{v:.2f}" for v in values)
+            print(f"{mode:6} {label:8} {row['median_s']:9.2f} {row['p95_s']:7.2f}  {listed}")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

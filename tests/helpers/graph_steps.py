@@ -1,0 +1,20 @@
+"""What a batched CUDA-graph step captured, for the CPU and GPU tests."""
+
+from __future__ import annotations
+
+from engines.serving.batching_graph import BatchedGraphStep
+
+
+def record_buckets(step: BatchedGraphStep) -> list[int]:
+    """The bucket each decode step of ``step`` runs, in order."""
+    ran: list[int] = []
+
+    def recorded(n, run):
+        def wrapper():
+            ran.append(n)
+            run()
+
+        return wrapper
+
+    step.decodes = {n: recorded(n, run) for n, run in step.decodes.items()}
+    return ran

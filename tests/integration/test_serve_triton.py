@@ -1,0 +1,237 @@
+"""``assistant serve``: a real tritonserver (nvidia-pytriton's) on loopback, the real SmolLM2 on the CPU.
+
+Concurrent sessions get their batch-1 replies; a client that vanishes frees its row; bad
+requests get reasons; a server killed mid-reply gives the client's notice and the next turn
+works against a restarted server with the conversation intact.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from assistant.modes.serve import ServeSettings, TritonProcess, serve_options
+from bench.corpus import BATCH_QUESTIONS as QUESTIONS
+from engines.base import GenerationOptions
+from engines.serving.remote import RemoteDecoder
+from engines.serving.wire import MODEL_NAME, PROMPT_IDS, SESSION, utf8
+
+pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+GREEDY = GenerationOptions(max_new_tokens=24)
+
+
+class CpuDecoder:
+    context_tokens = 512
+    device = "cpu"
+    dtype = "fp32"
+    threads = 2
+    cuda_graph = "off"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(model_dir: Path, port: int, sequences: int = 8) -> TritonProcess:
+    settings = ServeSettings(port=port, sequences=sequences)
+    server = TritonProcess(serve_options(model_dir, CpuDecoder(), settings), settings)
+    server.wait_ready(180)
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path):
+    server = start(model_dir, free_port())
+    yield server
+    server.stop()
+
+
+def prompt(tokenizer, question: str) -> list[int]:
+    messages = [{"role": "user", "content": question}]
+    return list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
+def remote(server: TritonProcess, model_dir: Path, tokenizer) -> RemoteDecoder:
+    from models.config import DecoderConfig
+
+    return RemoteDecoder(server.url, tokenizer, DecoderConfig.from_dir(model_dir).eos_token_ids)
+
+
+def token_ids(generation) -> list[int]:
+    return [c.token_id for c in generation if c.token_id >= 0]
+
+
+@pytest.mark.parametrize("sessions", [2, 8])
+def test_concurrent_sessions_get_their_batch1_replies(
+    server, model_dir, decoder, tokenizer, sessions
+) -> None:
+    prompts = [prompt(tokenizer, q) for q in QUESTIONS[:sessions]]
+    expected = []
+    for p in prompts:
+        decoder.reset()
+        expected.append(token_ids(decoder.generate(p, GREEDY)))
+    clients = [remote(server, model_dir, tokenizer) for _ in prompts]
+    got: list[list[int]] = [[] for _ in prompts]
+    start_line = threading.Barrier(sessions)
+
+    def ask(i: int) -> None:
+        start_line.wait()
+        got[i] = token_ids(clients[i].generate(prompts[i], GREEDY))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == expected
+
+
+def test_a_session_keeps_its_prefix_on_the_server(server, model_dir, tokenizer) -> None:
+    client = remote(server, model_dir, tokenizer)
+    first = prompt(tokenizer, QUESTIONS[0])
+    generation = client.generate(first, GREEDY)
+    reply = token_ids(generation)
+    follow = client.generate([*first, *reply, *prompt(tokenizer, "And of Italy?")[1:]], GREEDY)
+    token_ids(follow)
+    assert follow.stats.reused_tokens >= len(first)
+    assert follow.stats.network_ms is not None and follow.stats.network_ms >= 0
+
+
+CLIENT = """
+import sys, numpy as np, tritonclient.grpc as g, queue, os
+c = g.InferenceServerClient(sys.argv[1]); q = queue.Queue()
+c.start_stream(callback=lambda result, error: q.put((result, error)))
+ids = g.InferInput("PROMPT_IDS", [1, 3], "INT64")
+ids.set_data_from_numpy(np.array([[1, 9690, 198]], np.int64))
+sid = g.InferInput("SESSION", [1, 6], "UINT8")
+sid.set_data_from_numpy(np.frombuffer(b"leaver", np.uint8).reshape(1, -1))
+opt = g.InferInput("OPTIONS", [1, 23], "UINT8")
+opt.set_data_from_numpy(np.frombuffer(b'{"max_new_tokens": 400}', np.uint8).reshape(1, -1))
+c.async_stream_infer("assistant_llm", [ids, sid, opt])
+for _ in range(3):
+    q.get()
+print("3 tokens", flush=True)
+os._exit(0)  # gone without a word: no cancel sent
+"""
+
+
+def test_a_client_that_vanishes_mid_stream_frees_its_row(server) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", CLIENT, server.url], capture_output=True, text=True, timeout=60
+    )
+    assert "3 tokens" in out.stdout, out.stderr
+    deadline = time.monotonic() + 20
+    while not (
+        found := re.search(
+            r"session leaver: cancelled by the client after (\d+) tokens", server.log_tail(400)
+        )
+    ):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
+    assert int(found.group(1)) < 60  # of 400: it stopped soon after the client left
+
+
+def raw_error(url: str, ids: np.ndarray) -> str:
+    """The error the server sends for one request of ``ids`` (tritonclient, no checks of ours)."""
+    import tritonclient.grpc as grpcclient
+
+    raw = grpcclient.InferenceServerClient(url)
+    errors: list[str] = []
+    raw.start_stream(callback=lambda result, error: errors.append(str(error)))
+    prompt_ids = grpcclient.InferInput(PROMPT_IDS, [1, ids.size], "INT64")
+    prompt_ids.set_data_from_numpy(ids.reshape(1, -1).astype(np.int64))
+    sid = grpcclient.InferInput(SESSION, [1, 3], "UINT8")
+    sid.set_data_from_numpy(utf8("bad"))
+    try:
+        raw.async_stream_infer(MODEL_NAME, [prompt_ids, sid])
+        deadline = time.monotonic() + 10
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        raw.stop_stream()
+    return errors[0] if errors else ""
+
+
+def test_empty_and_over_context_requests_get_their_reason(server, model_dir, tokenizer) -> None:
+    client = remote(server, model_dir, tokenizer)
+    with pytest.raises(ValueError, match="prompt of 595 tokens exceeds the server's context of 512"):
+        token_ids(client.generate(list(range(5, 600)), GREEDY))
+    assert "empty prompt" in raw_error(server.url, np.zeros(0))
+    assert "prompt of 600 tokens does not fit the server's context of 512" in raw_error(
+        server.url, np.arange(600)
+    )
+
+
+def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn_works(model_dir) -> None:
+    """Through the app's own session (load_llm with --llm-server, warm-up, the pipeline)."""
+    from assistant.app import build_session
+    from assistant.config import DecoderSettings, GenerationSettings, Settings
+    from assistant.events import CancelReason, TokenGenerated
+
+    port = free_port()
+    server = start(model_dir, port, sequences=2)
+    state = {"server": server}
+
+    def kill_at_third_token(event) -> None:
+        if isinstance(event, TokenGenerated) and event.turn_id == 1 and event.index == 2:
+            state["server"].process.kill()
+
+    settings = Settings(
+        decoder=DecoderSettings(server=f"127.0.0.1:{port}"), generation=GenerationSettings(max_new_tokens=120)
+    )
+    session = build_session(settings, devices=False, asr=False, tts=False, emit=kill_at_third_token)
+    try:
+        decoder = session.pipeline.dialogue.decoder
+        assert (decoder.name, decoder.served_model) == (f"server 127.0.0.1:{port}", "smollm2-135m-instruct")
+        story = "Tell me a long story about a dragon."
+        first = session.pipeline.run_text_turn(1, story, None, threading.Event())
+        assert first.cancelled == CancelReason.LLM_SERVER_LOST
+        work = server.work.name  # the model's process (Triton's stub) must not outlive the server
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pgrep", "-f", work], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, f"a process of {work} outlived its killed server"
+            time.sleep(0.2)
+        assert first.tokens >= 3 and first.metrics["network_ms"] is not None
+        server.stop()
+        state["server"] = server = start(model_dir, port, sequences=2)
+        second = session.pipeline.run_text_turn(2, "What is the capital of France?", None, threading.Event())
+        assert not second.cancelled and "Paris" in second.reply
+        assert second.prompt_tokens > first.prompt_tokens  # the story's turn is in the prompt
+        server.stop()  # gone between two turns: the connection looks fine until it is used
+        gone = session.pipeline.run_text_turn(3, "Are you there?", None, threading.Event())
+        assert gone.cancelled == CancelReason.LLM_SERVER_LOST and gone.tokens == 0
+        turns = session.pipeline.dialogue.turns
+        assert [t.user for t in turns] == [story, "What is the capital of France?", "Are you there?"]
+    finally:
+        session.close()
+        state["server"].stop()
+
+
+def test_serve_names_a_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "assistant", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+    assert out.returncode == 2
+    assert f"port {port} on 127.0.0.1 is in use; pick another with --port" in out.stderr
