@@ -136,6 +136,7 @@ class InsufficientDriverCudart:
 
 def test_auto_names_cuda_python_too_new_for_the_driver_and_the_pin_that_fixes_it(monkeypatch):
     monkeypatch.setattr(cuda_mem, "cudart", lambda: InsufficientDriverCudart(12040))  # R550: CUDA 12.4
+    monkeypatch.setattr(selection, "nvidia_driver_present", lambda: True)  # its device nodes are there
     found = selection.probe()
     assert found.gpu is None
     reason = choose_backend(found).reason

@@ -127,6 +127,7 @@ NOT_TENSORRT = {"append", "clear", "destroy", "dtype", "engine", "itemsize", "ma
 NOT_TENSORRT |= {"metadata", "num_layers", "update", "DEBUG"}
 NOT_TENSORRT |= {"read"}  # ExportRecord.read and file reads, not IStreamReader.read
 NOT_TENSORRT |= {"data"}  # numpy's array.ctypes.data (calibration.py)
+NOT_TENSORRT |= {"BUILD"}  # engines.progress.Stage.BUILD (progress.py)
 
 
 def resolve(path: str) -> Any:
