@@ -83,6 +83,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
     g.add_argument(
+        "--asr-backend",
+        dest="asr.backend",
+        choices=["auto", "ctranslate2", "torch"],
+        help="ASR runtime: ctranslate2 (faster-whisper), torch (transformers: GPUs CTranslate2 cannot use), "
+        "auto (default: torch on CUDA when CTranslate2 has no CUDA)",
+    )
+    g.add_argument(
         "--tts",
         dest="tts.engine",
         choices=["pyttsx3", "piper"],

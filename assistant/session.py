@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assistant.asr import Transcriber
+from assistant.asr_torch import TorchTranscriber, open_transcriber
 from assistant.audio import Microphone, Speaker
 from assistant.config import Settings
 from assistant.devices import AudioDeviceError
@@ -108,7 +109,7 @@ class Session:
 
     dialogue: Dialogue
     pipeline: VoicePipeline
-    transcriber: Transcriber | None = None
+    transcriber: Transcriber | TorchTranscriber | None = None
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     mic: Microphone | None = None
     speaker: Speaker | None = None
@@ -238,7 +239,7 @@ def build_session(
         transcriber = None
         if asr or (asr is None and mic is not None):
             step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
+            transcriber = open_transcriber(settings.asr, ModelStore(settings.models.store_dir))
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()
