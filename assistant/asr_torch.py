@@ -30,8 +30,8 @@ from assistant.asr import (
     AsrLoadError,
     AsrModelNotFound,
     AsrOptions,
-    TranscriptResult,
     Transcriber,
+    TranscriptResult,
     quiet_clips,
 )
 from assistant.audio import SAMPLE_RATE_HZ
@@ -145,11 +145,13 @@ class TorchTranscriber:
         self.dtype = getattr(torch, dtype_name)
         start_ns = time.monotonic_ns()
         try:
-            model = WhisperForConditionalGeneration.from_pretrained(folder, dtype=self.dtype)
+            model: Any = WhisperForConditionalGeneration.from_pretrained(folder, dtype=self.dtype)
             self.model = model.to(device).eval()
             self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # torch and transformers raise RuntimeError, OSError, ValueError...
-            raise AsrLoadError(f"cannot load ASR model {options.model!r} with torch on {device} {dtype_name}: {e}") from e
+            raise AsrLoadError(
+                f"cannot load ASR model {options.model!r} with torch on {device} {dtype_name}: {e}"
+            ) from e
         self.load_ms = (time.monotonic_ns() - start_ns) / 1e6
         self.device = device
         self.compute_type = dtype_name
@@ -279,4 +281,6 @@ class TorchTranscriber:
             texts.append(text)
             no_speech = max(no_speech, doubt)
         asr_ms = (time.monotonic_ns() - start_ns) / 1e6
-        return TranscriptResult(" ".join(t for t in texts if t), audio_ms, asr_ms, language, no_speech, len(cuts) - 1)
+        return TranscriptResult(
+            " ".join(t for t in texts if t), audio_ms, asr_ms, language, no_speech, len(cuts) - 1
+        )

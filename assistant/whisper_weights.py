@@ -73,7 +73,9 @@ def read_ct2(path: Path) -> dict[str, np.ndarray]:
     except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
         if isinstance(e, WhisperConvertError):
             raise
-        raise WhisperConvertError(f"{path} is not a readable CTranslate2 file (version {version}?): {e}") from e
+        raise WhisperConvertError(
+            f"{path} is not a readable CTranslate2 file (version {version}?): {e}"
+        ) from e
     return out
 
 
