@@ -216,11 +216,14 @@ class TorchTranscriber:
 
     def decode(self, features: Any) -> tuple[list[int], float]:
         """Greedy text tokens for one window of features, and the no-speech probability."""
+        return self.greedy(self.model.model.encoder(features).last_hidden_state)
+
+    def greedy(self, encoded: Any) -> tuple[list[int], float]:
+        """Greedy text tokens after the encoder's output ``encoded``, and the no-speech probability."""
         import torch
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         model = self.model
-        encoded = model.model.encoder(features).last_hidden_state
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         ids = torch.tensor([self.prompt], device=self.device)
         tokens: list[int] = []
