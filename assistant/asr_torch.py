@@ -6,10 +6,10 @@ Whisper weights through transformers' ``WhisperForConditionalGeneration`` on wha
 torch sees. The bundled CTranslate2 model is converted once (:mod:`assistant.whisper_weights`);
 a Hugging Face Whisper folder, or an ``hf:`` name, loads as it is.
 
-Decoding is greedy (the ``quick`` path of :class:`~assistant.asr.Transcriber`, also for full
-transcripts: ``beam_size`` is not used), without timestamps, on a 30 s window; longer speech
-is cut at quiet points (:func:`~assistant.asr.quiet_clips`) and each clip decoded alone. The
-log-mel features are computed on the device too. :func:`open_transcriber` picks the backend.
+Decoding is a beam search of ``beam_size`` (greedy for ``quick`` partial transcripts), without
+timestamps, on a 30 s window; longer speech is cut at quiet points
+(:func:`~assistant.asr.quiet_clips`) and each clip decoded alone. The log-mel features are
+computed on the device too. :func:`open_transcriber` picks the backend.
 """
 
 from __future__ import annotations
@@ -214,58 +214,112 @@ class TorchTranscriber:
         mel = torch.maximum(mel, mel.max() - 8.0)
         return ((mel + 4.0) / 4.0)[None].to(self.dtype)
 
-    def decode(self, features: Any) -> tuple[list[int], float]:
-        """Greedy text tokens for one window of features, and the no-speech probability."""
-        return self.greedy(self.model.model.encoder(features).last_hidden_state)
+    def decode(self, features: Any, beam_size: int = 1) -> tuple[list[int], float]:
+        """Text tokens for one window of features, and the no-speech probability."""
+        encoded = self.model.model.encoder(features).last_hidden_state
+        return self.greedy(encoded) if beam_size <= 1 else self.beam(encoded, beam_size)
+
+    def _step(self, ids: Any, encoded: Any, cache: Any, step: int) -> tuple[Any, float]:
+        """Suppressed float logits of each row's last position (and the no-speech probability)."""
+        import torch
+
+        model = self.model
+        kwargs = {self._cache_arg: cache}
+        hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=encoded, use_cache=True, **kwargs)
+        hidden = hidden.last_hidden_state
+        no_speech = 0.0
+        if step == 0 and self.no_speech is not None:  # after start-of-transcript, as Whisper does
+            no_speech = float(model.proj_out(hidden[0, 0]).float().softmax(-1)[self.no_speech])
+        logits = model.proj_out(hidden[:, -1]).float().masked_fill(self.suppress, -torch.inf)
+        if step == 0:
+            logits[:, self.suppress_begin] = -torch.inf
+        return logits, no_speech
+
+    def beam(self, encoded: Any, beam_size: int) -> tuple[list[int], float]:
+        """Beam search as openai-whisper's (patience 1), and the no-speech probability.
+
+        Returns the finished hypothesis of the best mean log-probability per token once
+        ``beam_size`` have finished (or the best alive one at the token limit).
+        """
+        import torch
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        logits, no_speech = self._step(torch.tensor([self.prompt], device=self.device), encoded, cache, 0)
+        cache.batch_repeat_interleave(beam_size)
+        encoded = encoded.expand(beam_size, -1, -1)
+        alive: list[tuple[list[int], float]] = [([], 0.0)]  # one row until the first split
+        finished: list[tuple[list[int], float]] = []
+        for step in range(MAX_TOKENS - len(self.prompt)):
+            logprobs = logits[: len(alive)].log_softmax(-1)
+            top = logprobs.topk(beam_size + 1, dim=-1)
+            candidates = sorted(
+                (
+                    (alive[row][1] + float(lp), row, int(tok))
+                    for row in range(len(alive))
+                    for lp, tok in zip(top.values[row].tolist(), top.indices[row].tolist(), strict=True)
+                ),
+                reverse=True,
+            )
+            nxt: list[tuple[list[int], float]] = []
+            rows: list[int] = []
+            for score, row, tok in candidates:
+                if tok == self.eot:
+                    if len(finished) < beam_size:
+                        finished.append((alive[row][0], score))
+                elif len(nxt) < beam_size:
+                    nxt.append((alive[row][0] + [tok], score))
+                    rows.append(row)
+            if len(finished) >= beam_size or step == MAX_TOKENS - len(self.prompt) - 1:
+                break
+            alive = nxt
+            order: Any = torch.tensor(rows + [rows[0]] * (beam_size - len(rows)), device=self.device)
+            cache.reorder_cache(order)
+            ids = torch.tensor([[seq[-1]] for seq, _ in alive], device=self.device)
+            logits, _ = self._step(ids, encoded[: len(ids)], cache, step + 1)
+        pool = finished or alive
+        best = max(pool, key=lambda h: h[1] / max(len(h[0]) + 1, 1))  # + 1: the end token's
+        return best[0], no_speech
 
     def greedy(self, encoded: Any) -> tuple[list[int], float]:
         """Greedy text tokens after the encoder's output ``encoded``, and the no-speech probability."""
         import torch
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-        model = self.model
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         ids = torch.tensor([self.prompt], device=self.device)
         tokens: list[int] = []
         no_speech = 0.0
         for step in range(MAX_TOKENS - len(self.prompt)):
-            kwargs = {self._cache_arg: cache}
-            hidden = model.model.decoder(
-                input_ids=ids, encoder_hidden_states=encoded, use_cache=True, **kwargs
-            ).last_hidden_state
-            if step == 0 and self.no_speech is not None:  # after start-of-transcript, as Whisper does
-                first = model.proj_out(hidden[0, 0]).float()
-                no_speech = float(first.softmax(-1)[self.no_speech])
-            logits = model.proj_out(hidden[0, -1]).float().masked_fill(self.suppress, -torch.inf)
-            if step == 0:
-                logits[self.suppress_begin] = -torch.inf
-            token = int(logits.argmax())
+            logits, doubt = self._step(ids, encoded, cache, step)
+            no_speech = doubt if step == 0 else no_speech
+            token = int(logits[0].argmax())
             if token == self.eot:
                 break
             tokens.append(token)
             ids = torch.tensor([[token]], device=self.device)
         return tokens, no_speech
 
-    def _window(self, samples: np.ndarray) -> tuple[str, float]:
+    def _window(self, samples: np.ndarray, beam_size: int = 1) -> tuple[str, float]:
         import torch
 
         with torch.inference_mode():
-            tokens, no_speech = self.decode(self.log_mel(samples))
+            tokens, no_speech = self.decode(self.log_mel(samples), beam_size)
         return self.tokenizer.decode(tokens).strip(), no_speech
 
     def warm_up(self) -> float:
-        """Transcribe 1 s of faint noise twice (allocations, kernels); returns ms."""
+        """Transcribe 1 s of faint noise greedily and with the beam (allocations, kernels); returns ms."""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE_HZ).astype(np.float32) * 0.003
         start_ns = time.monotonic_ns()
-        for _ in range(2):
-            self._window(noise)
+        for beam_size in (1, self.options.beam_size):  # partials' path, then full transcripts'
+            self._window(noise, beam_size)
         return (time.monotonic_ns() - start_ns) / 1e6
 
     def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
         """Transcribe one utterance of 16 kHz mono float32 samples in [-1, 1].
 
-        As :meth:`assistant.asr.Transcriber.transcribe`, decoding greedily always (``quick``
-        changes nothing). Audio longer than the 30 s window is cut at quiet points and each
+        As :meth:`assistant.asr.Transcriber.transcribe`: ``quick`` decodes greedily, else a beam
+        of ``beam_size``. Audio longer than the 30 s window is cut at quiet points and each
         clip decoded alone (``long_form`` cuts shorter audio the same way: one clip).
         """
         samples = np.ascontiguousarray(audio, dtype=np.float32).squeeze()
@@ -280,7 +334,7 @@ class TorchTranscriber:
         cuts = quiet_clips(samples)
         texts, no_speech = [], 0.0
         for begin, end in zip(cuts, cuts[1:], strict=False):
-            text, doubt = self._window(samples[begin:end])
+            text, doubt = self._window(samples[begin:end], 1 if quick else self.options.beam_size)
             texts.append(text)
             no_speech = max(no_speech, doubt)
         asr_ms = (time.monotonic_ns() - start_ns) / 1e6

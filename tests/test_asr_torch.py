@@ -68,12 +68,13 @@ def test_converted_encoder_equals_ctranslate2(tmp_store: ModelStore, torch_asr: 
 def test_same_words_as_faster_whisper(
     tmp_store: ModelStore, torch_asr: TorchTranscriber, tmp_path: Path, text: str
 ) -> None:
-    """Real espeak-ng speech: the torch backend hears what faster-whisper (greedy) hears."""
+    """Real espeak-ng speech: the torch backend hears what faster-whisper hears, greedy and beam."""
     audio = speak(text, tmp_path)
-    reference = Transcriber(AsrOptions(device="cpu", compute_type="float32", beam_size=1), tmp_store)
-    expected = reference.transcribe(audio, quick=True)
+    reference = Transcriber(AsrOptions(device="cpu", compute_type="float32"), tmp_store)
+    for quick in (True, False):  # greedy, then the beam of 5
+        expected = reference.transcribe(audio, quick=quick)
+        assert words(torch_asr.transcribe(audio, quick=quick).text) == words(expected.text), quick
     result = torch_asr.transcribe(audio)
-    assert words(result.text) == words(expected.text)
     assert words(result.text).startswith(words(text).split()[0])  # and it is speech, not nothing
     assert result.clips == 1 and result.language == "en" and result.no_speech_prob < 0.5
     assert torch_asr.description == f"{TINY} torch cpu float32"
