@@ -51,6 +51,7 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("."), help="reply WAVs go here")
     parser.add_argument("--log", type=Path, default=Path("turns.jsonl"), help="turn records, JSON lines")
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--no-tts", action="store_true", help="no TTS (where no speech engine runs)")
     parser.add_argument("settings", nargs="*", help="section.key=value overrides")
     args = parser.parse_args()
 
@@ -63,7 +64,7 @@ def main() -> int:
     overrides = dict(s.split("=", 1) for s in args.settings)
     settings = load_settings(None, env={}, overrides=overrides)
     start = time.monotonic()
-    session = build_session(settings, devices=False, asr=True, tts=True, log_path=args.log)
+    session = build_session(settings, devices=False, asr=True, tts=not args.no_tts, log_path=args.log)
     info = session.info()
     print(f"session built in {time.monotonic() - start:.1f} s: {info}", flush=True)
     records = []
