@@ -44,6 +44,7 @@ N_FFT, HOP = 400, 160  # Whisper's 25 ms window, 10 ms hop at 16 kHz
 WINDOW_FRAMES = WINDOW_S * SAMPLE_RATE_HZ // HOP  # 3000 mel frames in the 30 s window
 MAX_TOKENS = 224  # faster-whisper's limit: half of Whisper's 448 positions
 BACKENDS = ("auto", "ctranslate2", "torch")
+WARM_TOKENS = 24  # warm-up decodes at least this many tokens: a spoken question's length
 
 
 def ctranslate2_cuda_devices() -> int:
@@ -214,12 +215,17 @@ class TorchTranscriber:
         mel = torch.maximum(mel, mel.max() - 8.0)
         return ((mel + 4.0) / 4.0)[None].to(self.dtype)
 
-    def decode(self, features: Any, beam_size: int = 1) -> tuple[list[int], float]:
-        """Text tokens for one window of features, and the no-speech probability."""
-        encoded = self.model.model.encoder(features).last_hidden_state
-        return self.greedy(encoded) if beam_size <= 1 else self.beam(encoded, beam_size)
+    def decode(self, features: Any, beam_size: int = 1, min_tokens: int = 0) -> tuple[list[int], float]:
+        """Text tokens for one window of features, and the no-speech probability.
 
-    def _step(self, ids: Any, encoded: Any, cache: Any, step: int) -> tuple[Any, float]:
+        ``min_tokens`` forbids the end token before that many (warm-up: a real length).
+        """
+        encoded = self.model.model.encoder(features).last_hidden_state
+        if beam_size <= 1:
+            return self.greedy(encoded, min_tokens)
+        return self.beam(encoded, beam_size, min_tokens)
+
+    def _step(self, ids: Any, encoded: Any, cache: Any, step: int, min_tokens: int = 0) -> tuple[Any, float]:
         """Suppressed float logits of each row's last position (and the no-speech probability)."""
         import torch
 
@@ -233,9 +239,11 @@ class TorchTranscriber:
         logits = model.proj_out(hidden[:, -1]).float().masked_fill(self.suppress, -torch.inf)
         if step == 0:
             logits[:, self.suppress_begin] = -torch.inf
+        if step < min_tokens:
+            logits[:, self.eot] = -torch.inf
         return logits, no_speech
 
-    def beam(self, encoded: Any, beam_size: int) -> tuple[list[int], float]:
+    def beam(self, encoded: Any, beam_size: int, min_tokens: int = 0) -> tuple[list[int], float]:
         """Beam search as openai-whisper's (patience 1), and the no-speech probability.
 
         Returns the finished hypothesis of the best mean log-probability per token once
@@ -245,7 +253,8 @@ class TorchTranscriber:
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        logits, no_speech = self._step(torch.tensor([self.prompt], device=self.device), encoded, cache, 0)
+        prompt = torch.tensor([self.prompt], device=self.device)
+        logits, no_speech = self._step(prompt, encoded, cache, 0, min_tokens)
         cache.batch_repeat_interleave(beam_size)
         encoded = encoded.expand(beam_size, -1, -1)
         alive: list[tuple[list[int], float]] = [([], 0.0)]  # one row until the first split
@@ -276,12 +285,12 @@ class TorchTranscriber:
             order: Any = torch.tensor(rows + [rows[0]] * (beam_size - len(rows)), device=self.device)
             cache.reorder_cache(order)
             ids = torch.tensor([[seq[-1]] for seq, _ in alive], device=self.device)
-            logits, _ = self._step(ids, encoded[: len(ids)], cache, step + 1)
+            logits, _ = self._step(ids, encoded[: len(ids)], cache, step + 1, min_tokens)
         pool = finished or alive
         best = max(pool, key=lambda h: h[1] / max(len(h[0]) + 1, 1))  # + 1: the end token's
         return best[0], no_speech
 
-    def greedy(self, encoded: Any) -> tuple[list[int], float]:
+    def greedy(self, encoded: Any, min_tokens: int = 0) -> tuple[list[int], float]:
         """Greedy text tokens after the encoder's output ``encoded``, and the no-speech probability."""
         import torch
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -291,7 +300,7 @@ class TorchTranscriber:
         tokens: list[int] = []
         no_speech = 0.0
         for step in range(MAX_TOKENS - len(self.prompt)):
-            logits, doubt = self._step(ids, encoded, cache, step)
+            logits, doubt = self._step(ids, encoded, cache, step, min_tokens)
             no_speech = doubt if step == 0 else no_speech
             token = int(logits[0].argmax())
             if token == self.eot:
@@ -300,19 +309,24 @@ class TorchTranscriber:
             ids = torch.tensor([[token]], device=self.device)
         return tokens, no_speech
 
-    def _window(self, samples: np.ndarray, beam_size: int = 1) -> tuple[str, float]:
+    def _window(self, samples: np.ndarray, beam_size: int = 1, min_tokens: int = 0) -> tuple[str, float]:
         import torch
 
         with torch.inference_mode():
-            tokens, no_speech = self.decode(self.log_mel(samples), beam_size)
+            tokens, no_speech = self.decode(self.log_mel(samples), beam_size, min_tokens)
         return self.tokenizer.decode(tokens).strip(), no_speech
 
     def warm_up(self) -> float:
-        """Transcribe 1 s of faint noise greedily and with the beam (allocations, kernels); returns ms."""
+        """Decode 1 s of faint noise greedily and with the beam, for a question's length; returns ms.
+
+        Noise alone ends after a token or two, which left the first real turn's ASR at ~220 ms
+        on the H200 against ~30 ms warm (the kernels of longer decodes were first met then):
+        the end token is held off for :data:`WARM_TOKENS`.
+        """
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE_HZ).astype(np.float32) * 0.003
         start_ns = time.monotonic_ns()
         for beam_size in (1, self.options.beam_size):  # partials' path, then full transcripts'
-            self._window(noise, beam_size)
+            self._window(noise, beam_size, WARM_TOKENS)
         return (time.monotonic_ns() - start_ns) / 1e6
 
     def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:

@@ -3,8 +3,9 @@
 
 Builds the session as ``assistant run --input Q.wav --output R.wav`` does
 (:func:`assistant.session.build_session`: no audio devices, ASR and TTS on) and answers each
-WAV with :func:`assistant.voice.run_file`, the function file mode calls, ``--repeats`` times
-in turn. Each turn record goes to ``--log`` (JSON lines, as ``--log`` of ``assistant run``);
+WAV as :func:`assistant.voice.run_file` does (the same endpointing replay and pipeline call,
+a new turn id a turn), ``--repeats`` times in turn; the dialogue keeps its history, as live.
+Each turn record goes to ``--log`` (JSON lines, as ``--log`` of ``assistant run``);
 the JSON has every record's stages, their P50/P95 (:func:`assistant.latency.percentiles`),
 the session (models, backends, warm-up) and the machine. Settings are ``section.key=value``
 overrides, as the command line's flags set them:
@@ -19,6 +20,7 @@ import argparse
 import json
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,10 +58,12 @@ def main() -> int:
     args = parser.parse_args()
 
     from assistant.asr import load_wav
+    from assistant.audio import FileSink
     from assistant.config import load_settings
+    from assistant.events import SpeechEnded
     from assistant.latency import percentiles
     from assistant.session import build_session
-    from assistant.voice import run_file
+    from assistant.voice import find_utterance, write_wav
 
     overrides = dict(s.split("=", 1) for s in args.settings)
     settings = load_settings(None, env={}, overrides=overrides)
@@ -74,8 +78,16 @@ def main() -> int:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         for repeat in range(args.repeats):
             for wav in wavs:
-                out = args.out_dir / f"{wav.stem}-reply-{repeat}.wav"
-                record = run_file(session.pipeline, settings.vad, audio[wav], wav, out, session.turn_policy)
+                # As assistant.voice.run_file, with a new turn id each turn (run_file answers one
+                # file a process, always as turn 1; a reused id mixes up the pipeline's events).
+                speech, delay_ms = find_utterance(audio[wav], settings.vad, wav, session.turn_policy)
+                now = time.monotonic_ns()
+                turn_id = len(records) + 1
+                utterance = SpeechEnded(turn_id, now, speech_end_t_ns=now - int(delay_ms * 1e6), audio=speech)
+                sink = FileSink()
+                record = session.pipeline.run_turn(utterance, sink, threading.Event())
+                assert record is not None
+                write_wav(args.out_dir / f"{wav.stem}-reply-{repeat}.wav", sink.audio())
                 records.append((wav.name, record))
                 print(
                     f"{wav.name}: {record.summary()} | {record.transcript!r} -> {record.reply!r}", flush=True
