@@ -79,7 +79,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--asr-model",
         dest="asr.model",
         metavar="NAME|DIR",
-        help="faster-whisper model (default whisper-tiny.en)",
+        help="Whisper model (default whisper-tiny.en): store name, CTranslate2 folder; the torch backend "
+        "also takes a Hugging Face folder or hf:org/name",
     )
     g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
     g.add_argument(
