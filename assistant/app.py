@@ -15,6 +15,7 @@ import numpy as np
 from assistant.config import Settings
 from assistant.events import Event
 from assistant.stages.asr import Transcriber, TranscriptResult
+from assistant.stages.asr_torch import TorchTranscriber, open_transcriber
 from assistant.stages.audio import Microphone
 from assistant.stages.devices import AudioDeviceError
 from assistant.stages.dialogue import Dialogue
@@ -111,7 +112,7 @@ class Session:
 
     dialogue: Dialogue
     pipeline: VoicePipeline
-    transcriber: Transcriber | None = None
+    transcriber: Transcriber | TorchTranscriber | None = None
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     mic: Microphone | None = None
     speaker: Speaker | None = None
@@ -235,7 +236,7 @@ def build_session(
         transcriber = None
         if asr or (asr is None and mic is not None):
             step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber = Transcriber(settings.asr, ModelStore(settings.models.store_dir))
+            transcriber = open_transcriber(settings.asr, ModelStore(settings.models.store_dir))
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()

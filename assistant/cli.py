@@ -79,9 +79,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--asr-model",
         dest="asr.model",
         metavar="NAME|DIR",
-        help="faster-whisper model (default whisper-tiny.en)",
+        help="Whisper model (default whisper-tiny.en): store name, CTranslate2 folder; the torch backend "
+        "also takes a Hugging Face folder or hf:org/name",
     )
     g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
+    g.add_argument(
+        "--asr-backend",
+        dest="asr.backend",
+        choices=["auto", "ctranslate2", "torch"],
+        help="ASR runtime: ctranslate2 (faster-whisper), torch (transformers: GPUs CTranslate2 cannot use), "
+        "auto (default: torch on CUDA when CTranslate2 has no CUDA)",
+    )
     g.add_argument(
         "--tts",
         dest="tts.engine",

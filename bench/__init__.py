@@ -21,6 +21,9 @@ BENCHMARKS: dict[str, str] = {
     "ui": "what the terminal UI adds to a typed turn",
     "soak": "a long run of spoken and typed turns: growth of memory, latency and KV cache",
     "gguf_start": "start-up of --model FILE.gguf, first and second start",
+    "gpu_voice_turn": "file-mode voice turns many times in one session: the turn records' stages, P50/P95",
+    "asr_torch": "the PyTorch Whisper backend stage by stage, 30 s against a trimmed encoder window",
+    "asr_cold": "the PyTorch Whisper backend's first decode calls against repeated ones",
     "startup": "from the command to 'assistant ready' / the first turn, warm caches, two checkouts",
 }
 

@@ -111,6 +111,12 @@ class AsrOptions:
     cpu_threads: int = field(default=0, metadata=bounds(min=0, max=1024))
     beam_size: int = field(default=5, metadata=bounds(min=1, max=100))
     language: str | None = "en"
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        """Reject an unknown backend name (the settings loader reports it as a config error)."""
+        if self.backend not in ("auto", "ctranslate2", "torch"):
+            raise ValueError(f"backend = {self.backend!r}: choose auto, ctranslate2 or torch")
 
 
 @dataclass(frozen=True)
