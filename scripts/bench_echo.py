@@ -203,7 +203,19 @@ def measure(name: str, far: np.ndarray, echo: np.ndarray, user: np.ndarray, dela
         "cpu_ms_per_frame": round(cpu_ms, 3),
         "latency_ms": latency * 1000 / RATE_HZ,
         "windows": [(t, round(e, 1)) for t, e in windows],
+        "double_talk": out_dt,
     }
+
+
+def transcriber() -> Callable[[np.ndarray], str]:
+    """The app's ASR stage with its default model (whisper tiny.en from the model store)."""
+    from assistant.config import ModelSettings
+    from assistant.config.sections import AsrOptions
+    from assistant.stages.asr import Transcriber
+    from store.bundled import ModelStore
+
+    asr = Transcriber(AsrOptions(), ModelStore(ModelSettings().store_dir))
+    return lambda audio: asr.transcribe(audio.astype(np.float32)).text
 
 
 def pulse_env() -> dict[str, str]:
@@ -221,6 +233,7 @@ def main() -> None:
     ap.add_argument("--reflections", type=int, default=2)
     ap.add_argument("--delay-hint-ms", type=int, default=0, help="set_stream_delay_ms for the WebRTC ones")
     ap.add_argument("--only", nargs="*", default=list(CANCELLERS))
+    ap.add_argument("--asr", action="store_true", help="transcribe the double talk (whisper tiny.en)")
     ap.add_argument("--json", type=Path, default=Path("bench_echo.json"))
     args = ap.parse_args()
 
@@ -250,6 +263,18 @@ def main() -> None:
     for r in rows:
         cells = [str(r.get(key, "")) for key in COLUMNS] if "error" not in r else [r["canceller"], r["error"]]
         print("| " + " | ".join(cells + [""] * (len(COLUMNS) - len(cells))) + " |")
+    talk = slice(int((USER_AT_S - 0.3) * RATE_HZ), int((USER_AT_S + 0.3) * RATE_HZ) + len(question))
+    if args.asr:
+        transcribe = transcriber()
+        print("\nWhat ASR reads of the double talk (the user's words: " + repr(USER) + "):")
+        for label, audio in [("user alone", user), ("microphone (echo + user)", echo + user)]:
+            print(f"- {label}: {transcribe(audio[talk])!r}")
+        for r in rows:
+            if "double_talk" in r:
+                r["double_talk_transcript"] = transcribe(r["double_talk"][talk])
+                print(f"- {r['canceller']}: {r['double_talk_transcript']!r}")
+    for r in rows:
+        r.pop("double_talk", None)
     report = {
         "command": " ".join(sys.argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
