@@ -131,11 +131,31 @@ COLUMNS = {
     "cpu_ms_per_frame": "CPU ms / 10 ms frame",
 }
 
+
+def stage_canceller(delay_hint_ms: int) -> Canceller:
+    """The app's stage (assistant/stages/echo.py): livekit plus lining up by time and the stats."""
+    from assistant.config.sections import EchoOptions
+    from assistant.stages.echo import EchoCanceller, load_processor
+
+    options = EchoOptions(enabled="on", delay_hint_ms=delay_hint_ms)
+    canceller = EchoCanceller(options, load_processor(options))
+    clock = iter(range(10**12, 10**18, 10_000_000))  # one 10 ms frame after another
+
+    def run(near: np.ndarray, far: np.ndarray) -> np.ndarray:
+        t_ns = next(clock)
+        canceller.play(far, t_ns)
+        out = canceller.process(near, t_ns) * 32768  # back to the exact int16 values (no truncation)
+        return np.clip(np.round(out), -32768, 32767).astype(np.int16)
+
+    return run
+
+
 CANCELLERS: dict[str, Callable[[int], Canceller]] = {
     "livekit": livekit_canceller,
     "aec-audio-processing": aec_audio_processing_canceller,
     "speexdsp": speexdsp_canceller,
     "speexdsp+residual": lambda hint: speexdsp_canceller(hint, residual=True),
+    "stage": stage_canceller,
 }
 
 
@@ -232,7 +252,7 @@ def main() -> None:
     ap.add_argument("--gain-db", type=float, default=-13)
     ap.add_argument("--reflections", type=int, default=2)
     ap.add_argument("--delay-hint-ms", type=int, default=0, help="set_stream_delay_ms for the WebRTC ones")
-    ap.add_argument("--only", nargs="*", default=list(CANCELLERS))
+    ap.add_argument("--only", nargs="*", default=[name for name in CANCELLERS if name != "stage"])
     ap.add_argument("--asr", action="store_true", help="transcribe the double talk (whisper tiny.en)")
     ap.add_argument("--json", type=Path, default=Path("bench_echo.json"))
     args = ap.parse_args()
