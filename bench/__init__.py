@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu_voice_turn": "file-mode voice turns many times in one session: the turn records' stages, P50/P95",
     "asr_torch": "the PyTorch Whisper backend stage by stage, 30 s against a trimmed encoder window",
     "asr_cold": "the PyTorch Whisper backend's first decode calls against repeated ones",
+    "echo": "the echo cancellers on the echo rig: ERLE, convergence, double talk, CPU per frame",
     "startup": "from the command to 'assistant ready' / the first turn, warm caches, two checkouts",
 }
 

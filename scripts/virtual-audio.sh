@@ -2,9 +2,15 @@
 # A private PulseAudio with a virtual microphone and speaker, for tests and demos without hardware.
 #   scripts/virtual-audio.sh start   # prints the environment to export (eval "$(... start)")
 #   scripts/virtual-audio.sh stop
+#   scripts/virtual-audio.sh echo on [DELAY_MS [GAIN_DB [REFLECTIONS]]]   # defaults 60 -13 2
+#   scripts/virtual-audio.sh echo off
 # VIRTUAL_AUDIO_RUNTIME picks its runtime folder (default /tmp/assistant-pulse-UID), so runs can be kept apart.
 # Devices: play a WAV into sink "micfeed" and the app hears it on source "virtmic";
 # what the app plays on sink "spk" can be recorded from "spk.monitor".
+# "echo on" adds a speaker-to-microphone echo path: spk.monitor -> micfeed through module-loopback
+# (latency_msec = DELAY_MS, 20-150) at GAIN_DB (-6 to -20; the loopback's sink-input volume, in dB,
+# because PulseAudio's percent scale is cubic), plus REFLECTIONS (0-3) weaker, later copies as a
+# small room tail: reflection k comes 23*k ms after the direct path, 6*k dB below it.
 set -euo pipefail
 runtime=${VIRTUAL_AUDIO_RUNTIME:-/tmp/assistant-pulse-$(id -u)}
 export XDG_RUNTIME_DIR=$runtime PULSE_RUNTIME_PATH=$runtime/pulse
@@ -45,11 +51,43 @@ start)
   printf 'pcm.!default { type pulse }\nctl.!default { type pulse }\npcm.pulse { type pulse }\nctl.pulse { type pulse }\n' > "$asoundrc"
   echo "export XDG_RUNTIME_DIR=$runtime PULSE_RUNTIME_PATH=$runtime/pulse PULSE_SERVER=$PULSE_SERVER ALSA_CONFIG_PATH=/usr/share/alsa/alsa.conf:$asoundrc"
   ;;
+echo)
+  # Every loopback this script loads carries this tag in its arguments, so "off" unloads only them.
+  tag=assistant-echo
+  for id in $(pactl list short modules | awk -v t="$tag" '$2 == "module-loopback" && index($0, t) {print $1}'); do
+    pactl unload-module "$id"
+  done
+  case "${2:-}" in
+  off) ;;
+  on)
+    delay_ms=${3:-60} gain_db=${4:--13} reflections=${5:-2}
+    in_range() { awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { exit !(v >= lo && v <= hi) }'; }
+    in_range "$delay_ms" 20 150 || { echo "echo delay $delay_ms ms is outside 20-150" >&2; exit 2; }
+    in_range "$gain_db" -20 -6 || { echo "echo gain $gain_db dB is outside -20..-6" >&2; exit 2; }
+    in_range "$reflections" 0 3 || { echo "echo reflections $reflections is outside 0-3" >&2; exit 2; }
+    for k in $(seq 0 "$reflections"); do
+      tap_ms=$((delay_ms + 23 * k))
+      tap_db=$(awk -v g="$gain_db" -v k="$k" 'BEGIN { print g - 6 * k }')
+      # stream_name=... carries the tag (module arguments are listed by "pactl list short modules").
+      module=$(pactl load-module module-loopback source=spk.monitor sink=micfeed \
+        latency_msec="$tap_ms" source_dont_move=true sink_dont_move=true \
+        sink_input_properties=media.name=$tag-$k)
+      input=$(pactl list sink-inputs | awk -v m="$module" \
+        '/^Sink Input #/ {id = substr($3, 2)} $1 == "Owner" && $3 == m {print id}')
+      pactl set-sink-input-volume "$input" "${tap_db}dB"
+    done
+    ;;
+  *)
+    echo "usage: $0 echo on [DELAY_MS [GAIN_DB [REFLECTIONS]]] | echo off" >&2
+    exit 2
+    ;;
+  esac
+  ;;
 stop)
   pactl exit >/dev/null 2>&1 || pulseaudio --kill >/dev/null 2>&1 || true
   ;;
 *)
-  echo "usage: $0 start|stop" >&2
+  echo "usage: $0 start|stop|echo on|off" >&2
   exit 2
   ;;
 esac

@@ -21,6 +21,7 @@ from typing import Any, get_args, get_type_hints
 from assistant.config.sections import (
     AsrOptions,
     AudioOptions,
+    EchoOptions,
     MetricsOptions,
     ServeSettings,
     SplitterOptions,
@@ -156,6 +157,7 @@ class Settings:
     engine: EngineOptions = field(default_factory=EngineOptions)
     gate: GateOptions = field(default_factory=GateOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    echo: EchoOptions = field(default_factory=EchoOptions)
     serve: ServeSettings = field(default_factory=ServeSettings)
 
 

@@ -13,6 +13,7 @@ from store.bundled import DEFAULT_PIPER_VOICE, DEFAULT_TURN
 
 DETECTIONS = ("smart-turn", "off")  # [turn] detection
 ENGINES = ("pyttsx3", "piper")  # [tts] engine
+ECHO_MODES = ("auto", "on", "off")  # [echo] enabled
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,32 @@ class TtsOptions:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"tts engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+
+
+@dataclass(frozen=True)
+class EchoOptions:
+    """Acoustic echo cancellation of the microphone (``assistant.stages.echo``).
+
+    ``enabled``: ``on`` (fail when the canceller cannot be loaded), ``off``, or ``auto``: on
+    where WebRTC's audio processing (the ``livekit`` package) loads. ``delay_hint_ms``: the
+    expected delay from the speaker to the microphone beyond the streams' reported latencies
+    (WebRTC's AEC3 finds the delay itself; the hint only helps it start). ``max_delay_ms``: the
+    longest echo delay the reported estimate looks for. The canceller counts as converged when
+    it has removed ``converged_erle_db`` of echo (ERLE) over the last ``window_ms`` of far-end
+    audio. ``noise_suppression`` and ``high_pass_filter`` are WebRTC's own stages.
+    """
+
+    enabled: str = "auto"
+    delay_hint_ms: int = field(default=0, metadata=bounds(min=0, max=500))
+    max_delay_ms: int = field(default=300, metadata=bounds(min=20, max=1000))
+    converged_erle_db: float = field(default=10.0, metadata=bounds(min=0.0, max=60.0))
+    window_ms: int = field(default=500, metadata=bounds(min=100, max=10_000))
+    noise_suppression: bool = False
+    high_pass_filter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.enabled not in ECHO_MODES:
+            raise ValueError(f"echo enabled {self.enabled!r}: use one of {', '.join(ECHO_MODES)}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,225 @@
+"""Acoustic echo cancellation: the microphone without what the speaker played into it.
+
+WebRTC's audio processing (AEC3) through the LiveKit SDK (``livekit.rtc.AudioProcessingModule``;
+docs/voice.md, "Echo cancellation", says why this one). The far end is what the speaker plays,
+each block with the time its first sample leaves the speaker; the near end is the microphone,
+each block with the time its first sample was captured. :class:`EchoCanceller` lines them up on
+that one clock, so the far-end frame fed with a microphone frame is the one that was playing
+when it was captured, and runs the canceller in 10 ms frames. It reports the echo return loss
+enhancement (ERLE), the echo's delay and whether it has converged (:class:`EchoStats`).
+No threads: the caller owns them (the far end from the playback side, the near end from the
+capture side; a lock guards the far-end buffer).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from assistant.config.sections import EchoOptions
+
+SAMPLE_RATE_HZ = 16000
+FRAME_SAMPLES = 160  # 10 ms: what WebRTC's audio processing takes
+FAR_HISTORY_S = 4  # far-end audio kept for lining up and for the delay estimate
+FAR_ACTIVE_RMS = 10 ** (-50 / 20)  # a far-end frame above -50 dBFS counts as playing
+DELAY_EVERY_FRAMES = 50  # the delay estimate is redone every 0.5 s of far-end audio
+DELAY_SPAN_FRAMES = 100  # over the last 1 s
+DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking over it)
+
+
+class EchoUnavailable(RuntimeError):
+    """The echo canceller cannot run here (``[echo] enabled = "on"`` and no WebRTC module)."""
+
+
+@dataclass(frozen=True)
+class EchoStats:
+    """What the canceller has done so far.
+
+    ``erle_db``: echo removed over the last ``window_ms`` of far-end audio (input energy over
+    output energy; the user talking over the reply lowers it). ``delay_ms``: the echo's delay
+    beyond the streams' timing (cross-correlation of microphone and far end), ``None`` until an
+    echo was found. ``converged``: ``erle_db`` reached ``converged_erle_db``.
+    """
+
+    erle_db: float | None
+    delay_ms: float | None
+    converged: bool
+    far_frames: int  # 10 ms frames processed while the far end played
+
+
+def load_processor(options: EchoOptions) -> Any:
+    """A WebRTC AudioProcessingModule with echo cancellation on.
+
+    Raises:
+        EchoUnavailable: The ``livekit`` package is missing or its native library does not load.
+    """
+    try:
+        from livekit import rtc
+    except (ImportError, OSError) as e:
+        raise EchoUnavailable(
+            f"echo cancellation needs the livekit package: pip install livekit ({e})"
+        ) from e
+    return rtc.AudioProcessingModule(
+        echo_cancellation=True,
+        noise_suppression=options.noise_suppression,
+        high_pass_filter=options.high_pass_filter,
+    )
+
+
+def echo_canceller(options: EchoOptions) -> tuple[EchoCanceller | None, str]:
+    """The canceller ``options`` ask for, or ``None``, with the reason in words (for the status bar).
+
+    Raises:
+        EchoUnavailable: ``enabled = "on"`` and the canceller cannot be loaded.
+    """
+    if options.enabled == "off":
+        return None, "echo cancellation off ([echo] enabled)"
+    try:
+        return EchoCanceller(options, load_processor(options)), "echo cancellation on (WebRTC AEC3)"
+    except EchoUnavailable as e:
+        if options.enabled == "on":
+            raise
+        return None, str(e)
+
+
+class EchoCanceller:
+    """Removes the far end's echo from near-end blocks, lined up by time.
+
+    Args:
+        options: The ``[echo]`` section.
+        processor: A WebRTC AudioProcessingModule (:func:`load_processor`).
+        origin_ns: The time of far-end sample 0 (``time.monotonic_ns()`` clock); default: the
+            first far-end or near-end block's time.
+    """
+
+    def __init__(self, options: EchoOptions, processor: Any, origin_ns: int | None = None) -> None:
+        from livekit import rtc
+
+        self.options = options
+        self._rtc = rtc
+        self._apm = processor
+        self._apm.set_stream_delay_ms(options.delay_hint_ms)
+        self._origin_ns = origin_ns
+        self._lock = threading.Lock()
+        self._far = np.zeros(FAR_HISTORY_S * SAMPLE_RATE_HZ, np.int16)
+        self._far_end = 0  # far-end timeline index one past the newest sample written
+        self._pending = np.zeros(0, np.int16)  # near-end samples short of a whole frame
+        self._next = 0  # timeline index of the next near-end sample to process
+        window = max(1, options.window_ms // 10)
+        self._energy: deque[tuple[float, float]] = deque(maxlen=window)  # (in, out) of far-active frames
+        self._delay_near: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
+        self._delay_far: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
+        self._far_frames = 0
+        self._delay_ms: float | None = None
+
+    def _index(self, t_ns: int) -> int:
+        if self._origin_ns is None:
+            self._origin_ns = t_ns
+        return round((t_ns - self._origin_ns) * SAMPLE_RATE_HZ / 1e9)
+
+    def play(self, samples: np.ndarray, t_ns: int) -> None:
+        """Note far-end ``samples`` (16 kHz float32 or int16) whose first leaves the speaker at ``t_ns``."""
+        pcm = _int16(samples)
+        with self._lock:
+            start = self._index(t_ns)
+            size = len(self._far)
+            if start + len(pcm) <= self._far_end - size:
+                return  # older than the history
+            if start > self._far_end:  # a gap (nothing played): silence
+                self._write(self._far_end, np.zeros(min(start - self._far_end, size), np.int16))
+            self._write(start, pcm[-size:] if len(pcm) > size else pcm)
+            self._far_end = max(self._far_end, start + min(len(pcm), size))
+
+    def _write(self, start: int, pcm: np.ndarray) -> None:
+        size = len(self._far)
+        idx = (start + np.arange(len(pcm))) % size
+        self._far[idx] = pcm
+
+    def _far_frame(self, start: int) -> np.ndarray:
+        with self._lock:
+            size = len(self._far)
+            if start >= self._far_end or start + FRAME_SAMPLES <= self._far_end - size:
+                return np.zeros(FRAME_SAMPLES, np.int16)
+            frame = self._far[(start + np.arange(FRAME_SAMPLES)) % size].copy()
+            frame[max(0, self._far_end - start) :] = 0  # not written yet
+            frame[: max(0, self._far_end - size - start)] = 0  # overwritten already
+            return frame
+
+    def process(self, samples: np.ndarray, t_ns: int) -> np.ndarray:
+        """Cancel the echo in near-end ``samples`` captured from ``t_ns``; float32 out.
+
+        Returns the whole 10 ms frames completed so far: up to 159 samples wait for the next
+        block, so the output runs up to 10 ms behind the input. A block whose time leaves a gap
+        after the previous one starts a new timeline position (what was pending is dropped).
+        """
+        pcm = _int16(samples)
+        with self._lock:
+            start = self._index(t_ns)
+        if len(self._pending) == 0 or abs(start - (self._next + len(self._pending))) > FRAME_SAMPLES:
+            self._pending, self._next = pcm, start
+        else:
+            self._pending = np.concatenate([self._pending, pcm])
+        frames = len(self._pending) // FRAME_SAMPLES
+        out = np.empty(frames * FRAME_SAMPLES, np.float32)
+        for i in range(frames):
+            s = slice(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)
+            out[s] = self._frame(self._pending[s], self._next + i * FRAME_SAMPLES)
+        self._pending = self._pending[frames * FRAME_SAMPLES :]
+        self._next += frames * FRAME_SAMPLES
+        return out
+
+    def _frame(self, near: np.ndarray, start: int) -> np.ndarray:
+        far = self._far_frame(start)
+        rtc = self._rtc
+        self._apm.process_reverse_stream(rtc.AudioFrame(far.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES))
+        frame = rtc.AudioFrame(near.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES)
+        self._apm.set_stream_delay_ms(self.options.delay_hint_ms)
+        self._apm.process_stream(frame)
+        out = np.frombuffer(frame.data, np.int16).astype(np.float32) / 32768
+        far_f, near_f = far.astype(np.float32) / 32768, near.astype(np.float32) / 32768
+        self._delay_near.append(near_f)  # every frame: the lag needs them contiguous
+        self._delay_far.append(far_f)
+        if np.sqrt(np.mean(far_f**2)) > FAR_ACTIVE_RMS:
+            self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2))))
+            self._far_frames += 1
+            if self._far_frames % DELAY_EVERY_FRAMES == 0:
+                self._estimate_delay()
+        return out
+
+    def _estimate_delay(self) -> None:
+        """The lag of the strongest normalized correlation of microphone and far end, if strong."""
+        near, far = np.concatenate(self._delay_near), np.concatenate(self._delay_far)
+        lag, corr = estimate_delay(far, near, self.options.max_delay_ms)
+        if corr >= DELAY_MIN_CORRELATION:
+            self._delay_ms = lag * 1000 / SAMPLE_RATE_HZ
+
+    def stats(self) -> EchoStats:
+        """ERLE, delay and convergence so far (see :class:`EchoStats`)."""
+        erle = None
+        if len(self._energy) == self._energy.maxlen:
+            e_in = sum(e for e, _ in self._energy)
+            e_out = sum(e for _, e in self._energy)
+            erle = 10 * float(np.log10(max(e_in, 1e-12) / max(e_out, 1e-12)))
+        converged = erle is not None and erle >= self.options.converged_erle_db
+        return EchoStats(erle, self._delay_ms, converged, self._far_frames)
+
+
+def estimate_delay(far: np.ndarray, near: np.ndarray, max_delay_ms: float) -> tuple[int, float]:
+    """(lag in samples, normalized correlation) of ``near`` against ``far``, lags 0..max_delay_ms."""
+    n = len(far)
+    size = 1 << (2 * n - 1).bit_length()
+    corr = np.fft.irfft(np.fft.rfft(near, size) * np.conj(np.fft.rfft(far, size)), size)
+    max_lag = min(int(max_delay_ms * SAMPLE_RATE_HZ / 1000), n - 1)
+    lag = int(np.argmax(np.abs(corr[: max_lag + 1])))
+    norm = float(np.sqrt(np.sum(far[: n - lag] ** 2) * np.sum(near[lag:] ** 2)))
+    return lag, float(abs(corr[lag]) / norm) if norm > 0 else 0.0
+
+
+def _int16(samples: np.ndarray) -> np.ndarray:
+    if samples.dtype == np.int16:
+        return samples
+    return (np.clip(samples, -1, 1) * 32767).astype(np.int16)

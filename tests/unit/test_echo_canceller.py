@@ -1,0 +1,167 @@
+"""The echo canceller stage on synthetic signals: a far end, its delayed attenuated copy as the mic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from assistant.config.sections import EchoOptions
+from assistant.stages.echo import (
+    FRAME_SAMPLES,
+    SAMPLE_RATE_HZ,
+    EchoCanceller,
+    EchoUnavailable,
+    echo_canceller,
+    load_processor,
+)
+
+pytest.importorskip("livekit")
+
+BLOCK = 512  # the capture path's 32 ms blocks: not a multiple of the 10 ms frame
+BLOCK_NS = BLOCK * 1_000_000_000 // SAMPLE_RATE_HZ
+T0_NS = 1_000_000_000_000
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """Noise with syllable-rate (4 Hz) bursts and speech's low-pass tilt, about -20 dBFS."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * SAMPLE_RATE_HZ)
+    noise = np.convolve(rng.standard_normal(n), np.ones(4) / 4, mode="same")
+    t = np.arange(n) / SAMPLE_RATE_HZ
+    envelope = np.clip(np.sin(2 * np.pi * 4 * t + rng.uniform(0, 6)), 0, None) ** 0.5
+    return (0.2 * noise * envelope).astype(np.float32)
+
+
+def echo_of(far: np.ndarray, delay_ms: float, gain_db: float) -> np.ndarray:
+    """``far`` delayed and attenuated, with a weaker reflection 23 ms later (like the rig)."""
+    d, r = int(delay_ms * 16), int((delay_ms + 23) * 16)
+    g = 10 ** (gain_db / 20)
+    out = np.zeros_like(far)
+    out[d:] += g * far[: len(far) - d]
+    out[r:] += g / 2 * far[: len(far) - r]
+    return out
+
+
+def run(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> np.ndarray:
+    """Far end played and near end captured in 32 ms blocks on one clock, interleaved as live."""
+    out = []
+    for i in range(0, len(near) - BLOCK + 1, BLOCK):
+        t_ns = T0_NS + i // BLOCK * BLOCK_NS
+        if far is not None:
+            canceller.play(far[i : i + BLOCK], t_ns)
+        out.append(canceller.process(near[i : i + BLOCK], t_ns))
+    return np.concatenate(out)
+
+
+def energy_db(x: np.ndarray) -> float:
+    """Mean energy in dB."""
+    return 10 * float(np.log10(np.mean(x**2) + 1e-20))
+
+
+def make(**options: object) -> EchoCanceller:
+    """A canceller with the real WebRTC module."""
+    opts = EchoOptions(enabled="on", **options)  # type: ignore[arg-type]
+    return EchoCanceller(opts, load_processor(opts))
+
+
+@pytest.mark.parametrize(("delay_ms", "gain_db"), [(60, -13), (150, -6)])
+def test_the_echo_is_removed_after_convergence_and_its_delay_reported(
+    delay_ms: float, gain_db: float
+) -> None:
+    """6 s of far end: after the first 2 s the echo is at least 20 dB lower; the delay is found."""
+    far = speechlike(6, seed=1)
+    near = echo_of(far, delay_ms, gain_db)
+    canceller = make()
+    out = run(canceller, far, near)
+    tail = slice(2 * SAMPLE_RATE_HZ, len(out))
+    erle = energy_db(near[tail]) - energy_db(out[tail])
+    stats = canceller.stats()
+    print(f"{delay_ms} ms {gain_db} dB: ERLE {erle:.1f} dB, stats {stats}")
+    assert erle >= 20
+    assert stats.converged and stats.erle_db is not None and stats.erle_db >= 20
+    assert stats.delay_ms is not None and abs(stats.delay_ms - delay_ms) <= 2
+
+
+def test_without_the_far_end_nothing_is_removed_and_it_does_not_converge() -> None:
+    """The canceller needs the far end: given none, the echo stays (the test above can fail)."""
+    far = speechlike(4, seed=1)
+    near = echo_of(far, 60, -13)
+    canceller = make()
+    out = run(canceller, None, near)
+    assert abs(energy_db(near[: len(out)]) - energy_db(out)) < 3
+    assert not canceller.stats().converged and canceller.stats().delay_ms is None
+
+
+def test_a_far_end_that_is_not_lined_up_in_time_cancels_less() -> None:
+    """Lining up by time matters: a far end stamped 200 ms late (so its echo would come before it
+    played) cannot be used by the linear canceller: less than the 20 dB above, and no delay found.
+    """
+    far = speechlike(6, seed=1)
+    near = echo_of(far, 60, -13)
+    canceller = make()
+    out = []
+    for i in range(0, len(near) - BLOCK + 1, BLOCK):
+        t_ns = T0_NS + i // BLOCK * BLOCK_NS
+        canceller.play(far[i : i + BLOCK], t_ns + 200_000_000)
+        out.append(canceller.process(near[i : i + BLOCK], t_ns))
+    cancelled = np.concatenate(out)
+    tail = slice(2 * SAMPLE_RATE_HZ, len(cancelled))
+    assert energy_db(near[tail]) - energy_db(cancelled[tail]) < 20
+    assert canceller.stats().far_frames > 0 and canceller.stats().delay_ms is None
+
+
+def test_converged_means_the_erle_threshold_was_reached() -> None:
+    """With ``converged_erle_db`` above what is removed, the canceller does not call itself converged."""
+    far = speechlike(3, seed=1)
+    strict = make(converged_erle_db=60)
+    run(strict, far, echo_of(far, 60, -13))
+    stats = strict.stats()
+    assert stats.erle_db is not None and 20 <= stats.erle_db < 60 and not stats.converged
+
+
+def test_the_user_talking_over_the_echo_is_kept() -> None:
+    """Double talk after convergence: the near-end speech loses at most 6 dB, the echo goes."""
+    far = speechlike(8, seed=1)
+    echo = echo_of(far, 60, -13)
+    user = np.zeros_like(far)
+    user[5 * SAMPLE_RATE_HZ : 7 * SAMPLE_RATE_HZ] = speechlike(2, seed=2)
+    out_echo = run(make(), far, echo)
+    out_both = run(make(), far, echo + user)
+    talk = slice(5 * SAMPLE_RATE_HZ, 7 * SAMPLE_RATE_HZ)
+    kept = np.mean(out_both[talk] ** 2) - np.mean(out_echo[talk] ** 2)
+    kept_db = 10 * np.log10(kept / np.mean(user[talk] ** 2))
+    print(f"near end kept {kept_db:.1f} dB")
+    assert kept_db >= -6
+
+
+def test_output_is_whole_frames_and_keeps_up_with_the_input() -> None:
+    """32 ms blocks in, 10 ms frames out: never more than one frame behind, nothing lost."""
+    canceller = make()
+    total_in = total_out = 0
+    for i in range(20):
+        total_in += BLOCK
+        total_out += len(canceller.process(np.zeros(BLOCK, np.float32), T0_NS + i * BLOCK_NS))
+        assert total_out % FRAME_SAMPLES == 0 and 0 <= total_in - total_out < FRAME_SAMPLES
+
+
+def test_off_gives_no_canceller_and_says_so() -> None:
+    """``enabled = "off"``: no canceller, and the reason in words."""
+    canceller, why = echo_canceller(EchoOptions(enabled="off"))
+    assert canceller is None and "off" in why
+
+
+def test_on_without_the_package_fails_naming_it_and_auto_carries_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No livekit: ``on`` raises EchoUnavailable naming the package, ``auto`` gives none and why."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "livekit", None)
+    with pytest.raises(EchoUnavailable, match="pip install livekit"):
+        echo_canceller(EchoOptions(enabled="on"))
+    canceller, why = echo_canceller(EchoOptions(enabled="auto"))
+    assert canceller is None and "livekit" in why
+
+
+def test_bad_mode_is_refused() -> None:
+    """``[echo] enabled`` takes auto, on or off."""
+    with pytest.raises(ValueError, match="auto, on, off"):
+        EchoOptions(enabled="yes")
