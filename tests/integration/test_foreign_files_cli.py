@@ -11,6 +11,7 @@ import pytest
 
 from assistant.config import DecoderSettings, ModelSettings
 from assistant.stages.llm import resolve_llm_dir
+from engines.base import Backend, BackendIdentity
 from models.weights import ModelNotFound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +53,14 @@ def test_torch_compile_keeps_its_pickles_in_the_store_not_in_the_model_folder(
 
     class NoGraphs:  # stands in for the CUDA-graph step: nothing is compiled here
         name = "fake cuda-graph+compile"
+        identity = BackendIdentity(Backend.PYTORCH, "cuda", "fp32", "cuda-graph+compile")
 
         def __init__(self, model, capacity, options):
             assert options.compile
             self.capacity_tokens = capacity
+
+        def close(self) -> None:
+            """Nothing to free."""
 
     monkeypatch.setattr(torch_backend, "use_cuda_graph", lambda options, device: True)
     monkeypatch.setattr(torch_backend, "CudaGraphStep", NoGraphs)
