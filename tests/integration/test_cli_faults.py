@@ -21,6 +21,7 @@ import pytest
 
 from assistant.config import load_settings
 from bench.speech import speak
+from store.bundled import DEFAULT_LLM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,9 +188,19 @@ def test_bad_config_file_values_are_refused_naming_the_file(tmp_path, body, part
     assert_refused(out, str(config), *parts)
 
 
-def test_ctrl_c_while_models_load_exits_quietly_with_status_130(tmp_path):
+def test_ctrl_c_while_models_load_exits_quietly_with_status_130(tmp_path, store):
+    """Ctrl-C during the load: a store whose model has no ONNX export yet, so the load lasts.
+
+    (With a cached export the load after the backend line takes about a second now, and a
+    signal sent on a busy machine could land at the chat's prompt instead, which ends with 0.)
+    """
+    model = tmp_path / "store" / "models" / DEFAULT_LLM
+    model.mkdir(parents=True)
+    for source in store.path(DEFAULT_LLM).iterdir():
+        if source.is_file():
+            (model / source.name).symlink_to(source)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "assistant", "chat"],
+        [sys.executable, "-m", "assistant", "chat", "--store", str(tmp_path / "store")],
         stdin=subprocess.PIPE,  # kept open: the chat would wait for a question, not exit
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
