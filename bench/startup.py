@@ -11,9 +11,10 @@ builds it, so two checkouts sharing one store would replace each other's export 
 
     python -m bench.startup --before /work/wt-before --after . --runs 3 --json start.json
 
-Modes: ``chat`` (``assistant chat < /dev/null`` until "assistant ready") and ``run``
-(``assistant run --no-tui --input q.wav --output r.wav`` until its first line on stdout, the
-turn's transcript; ``q.wav`` is made with espeak-ng and sox).
+Modes: ``chat`` (``assistant chat < /dev/null`` until "assistant ready"), ``live``
+(``assistant run --no-tui`` on the virtual devices of ``scripts/virtual-audio.sh`` until
+"listening on") and ``run`` (``assistant run --no-tui --input q.wav --output r.wav`` until its
+first line on stdout, the turn's transcript; ``q.wav`` is made with espeak-ng and sox).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-READY = {"chat": "assistant ready"}
+READY = {"chat": "assistant ready", "live": "listening on"}  # the line each mode is ready at
+ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/virtual-audio.sh
 
 
 def question_wav(folder: Path) -> Path:
@@ -52,21 +54,23 @@ def link_store(source: Path, dest: Path) -> Path:
     return dest
 
 
-def time_once(checkout: Path, store: Path, mode: str, wav: Path, out_dir: Path) -> float:
+def time_once(
+    checkout: Path, store: Path, mode: str, wav: Path, out_dir: Path, audio_env: dict[str, str]
+) -> float:
     """Seconds from starting the command to its ready line (the process is then stopped)."""
-    args = (
-        ["chat"]
-        if mode == "chat"
-        else ["run", "--no-tui", "--input", str(wav), "--output", str(out_dir / "r.wav")]
-    )
+    args = {
+        "chat": ["chat"],
+        "live": ["run", "--no-tui"],  # the live loop on the virtual devices, until it listens
+        "run": ["run", "--no-tui", "--input", str(wav), "--output", str(out_dir / "r.wav")],
+    }[mode]
     args += ["--store", str(store)]
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    env = {**os.environ, **audio_env, "PYTHONPATH": str(checkout)}
     start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "assistant", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if mode == "chat" else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if mode in READY else subprocess.DEVNULL,
         text=True,
         cwd=checkout,
         env=env,
@@ -74,7 +78,7 @@ def time_once(checkout: Path, store: Path, mode: str, wav: Path, out_dir: Path) 
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
-            if mode == "run" or READY["chat"] in line:
+            if mode == "run" or (mode in READY and READY[mode] in line):
                 return time.monotonic() - start
         raise RuntimeError(f"{checkout}: 'assistant {' '.join(args)}' ended before it was ready")
     finally:
@@ -94,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, required=True, help="checkout before the change")
     parser.add_argument("--after", type=Path, default=Path.cwd(), help="checkout after (default: here)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--modes", default="chat,run")
+    parser.add_argument(
+        "--modes", default="chat,run", help="of chat, run (file mode), live (needs PulseAudio)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--source-store", type=Path, default=Path.home() / ".cache" / "assistant")
     parser.add_argument("--stores", type=Path, default=Path("/tmp/measure-startup-stores"))
@@ -102,15 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
     stores = {label: link_store(args.source_store, args.stores / label) for label in checkouts}
     results: dict[str, dict[str, list[float]]] = {}
+    audio_env: dict[str, str] = {}
+    if "live" in args.modes.split(","):  # the private PulseAudio of scripts/virtual-audio.sh
+        started = subprocess.run(
+            [str(ROOT / "scripts/virtual-audio.sh"), "start"], capture_output=True, text=True
+        )
+        if started.returncode:
+            sys.exit(started.stderr)
+        audio_env = dict(kv.split("=", 1) for kv in started.stdout.split()[1:])
     with tempfile.TemporaryDirectory() as tmp:
         wav = question_wav(Path(tmp))
         for mode in args.modes.split(","):
             runs: dict[str, list[float]] = {label: [] for label in checkouts}
             for label, checkout in checkouts.items():  # warm-up, not counted
-                time_once(checkout, stores[label], mode, wav, Path(tmp))
+                time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env)
             for _ in range(args.runs):  # alternating, so load on the machine hits both alike
                 for label, checkout in checkouts.items():
-                    runs[label].append(time_once(checkout, stores[label], mode, wav, Path(tmp)))
+                    runs[label].append(time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env))
             results[mode] = runs
     print(f"{'mode':6} {'checkout':8} {'median s':>9} {'P95 s':>7}  runs s")
     table = {}

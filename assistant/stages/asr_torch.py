@@ -35,6 +35,7 @@ from assistant.stages.asr import (
     quiet_clips,
 )
 from assistant.stages.audio import SAMPLE_RATE_HZ
+from engines.selection import nvidia_driver_present
 from store.bundled import BUNDLED, ModelStore
 from store.whisper_weights import WhisperConvertError, converted_folder
 
@@ -76,6 +77,8 @@ def choose_backend(options: AsrOptions) -> str:
         return "ctranslate2"
     if options.device.startswith("cuda"):
         return "torch"
+    if not nvidia_driver_present():  # no GPU for torch either: spare its import (~1.5 s)
+        return "ctranslate2"
     import torch
 
     return "torch" if torch.cuda.is_available() else "ctranslate2"
