@@ -92,20 +92,35 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
+# Model types for which AutoTokenizer loads the ``TokenizersBackend`` a tokenizer_config.json names
+# (transformers 5 overrides that name for the types in its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS,
+# qwen2 and phi3 among them; tests/unit/test_tokenizer_shortcut.py keeps this list outside that set).
+TOKENIZERS_BACKEND_TYPES = frozenset(
+    {"llama", "qwen3", "mistral", "ministral", "gemma2", "gemma3_text", "gemma3"}
+)
+
+
 def _tokenizer_class(model_dir: Path) -> Any:
     """The class ``AutoTokenizer`` would load, imported without transformers' auto machinery.
 
-    When ``tokenizer_config.json`` names ``TokenizersBackend`` (what the store writes for GGUF
-    imports and what transformers 5 saves for most chat models), AutoTokenizer loads exactly
-    that class, but first imports its model registry and with it torch: 3.3 s against 0.8 s
-    on this 2-core CPU (docs/benchmarks.md, "Start-up"), for the ONNX Runtime path that never
-    needs torch. Any other class name goes through ``AutoTokenizer``.
+    When ``tokenizer_config.json`` names ``TokenizersBackend`` (what transformers 5 saves for
+    most chat models, and the store's GGUF import writes), has no custom code (``auto_map``) and
+    the model's type is one AutoTokenizer does not override (:data:`TOKENIZERS_BACKEND_TYPES`),
+    AutoTokenizer loads exactly that class, but first imports its model registry and with it
+    torch: 3.3 s against 0.8 s on this 2-core CPU (docs/benchmarks.md, "Start-up"), for the
+    ONNX Runtime path that never needs torch. Anything else goes through ``AutoTokenizer``.
     """
     try:
         config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = {}
-    if isinstance(config, dict) and config.get("tokenizer_class") == "TokenizersBackend":
+        model_type = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        config, model_type = {}, None
+    if (
+        isinstance(config, dict)
+        and config.get("tokenizer_class") == "TokenizersBackend"
+        and "auto_map" not in config
+        and model_type in TOKENIZERS_BACKEND_TYPES
+    ):
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
         return TokenizersBackend
