@@ -310,7 +310,7 @@ def load(args: argparse.Namespace, tmp: Path, device: torch.device) -> tuple[Pat
         )
     if not (args.model_dir / "config.json").is_file():
         sys.exit(f"no model at {args.model_dir}: run 'assistant models fetch' or pass --model-dir")
-    from assistant.stages.llm import load_tokenizer
+    from assistant.stages.tokenizer import load_tokenizer
 
     return args.model_dir, str(args.model_dir), load_tokenizer(args.model_dir)
 

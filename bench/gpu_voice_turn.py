@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from assistant.observe.latency import TurnRecord, percentiles
     from assistant.stages.asr import load_wav
     from assistant.stages.audio import FileSink
-    from assistant.stages.vad import find_utterance
+    from assistant.stages.recording import find_utterance
 
     overrides = dict(s.split("=", 1) for s in args.settings)
     settings = load_settings(None, env={}, overrides=overrides)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from assistant.config import ModelSettings
-from assistant.stages.llm import load_tokenizer
+from assistant.stages.tokenizer import load_tokenizer
 from assistant.stages.tts import Synthesizer, TtsOptions
 from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder

@@ -167,7 +167,7 @@ def _build(args: argparse.Namespace, settings: Settings, model_dir: Path) -> int
     )
     calibration = None
     if options.precision == "int8":
-        from assistant.stages.llm import load_tokenizer
+        from assistant.stages.tokenizer import load_tokenizer
         from engines.tensorrt.calibration import calibration_ids
 
         calibration = calibration_ids(load_tokenizer(model_dir))
@@ -259,7 +259,7 @@ def _sweep_exports(settings: Settings) -> list[tuple[Path, int]]:
 
 
 def _verify(args: argparse.Namespace, settings: Settings, model_dir: Path) -> int:
-    from assistant.stages.llm import load_tokenizer
+    from assistant.stages.tokenizer import load_tokenizer
     from engines.tensorrt.gate import record_verdict
     from engines.torch_backend import TorchBackendOptions, load_torch_decoder
     from engines.verify import verify_decoder

@@ -105,7 +105,7 @@ def check_question(input_wav: Path | None, vad: VadOptions) -> np.ndarray | None
         NoSpeechInFile: It holds no speech the VAD accepts.
     """
     from assistant.stages.asr import load_wav
-    from assistant.stages.vad import find_utterance
+    from assistant.stages.recording import find_utterance
 
     if input_wav is None:
         return None

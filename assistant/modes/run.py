@@ -36,14 +36,8 @@ from assistant.observe.latency import TurnRecord
 from assistant.stages.audio import FileSink, Microphone, Speaker
 from assistant.stages.devices import device_notice
 from assistant.stages.endpoint import TurnOptions
-from assistant.stages.vad import (
-    SAMPLE_RATE_HZ,
-    EndOfTurn,
-    Endpointer,
-    NoSpeechInFile,
-    VadOptions,
-    find_utterance,
-)
+from assistant.stages.recording import NoSpeechInFile, find_utterance
+from assistant.stages.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
 from assistant.turns.live import LiveLoop
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import PipelineOptions

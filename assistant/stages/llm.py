@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -13,14 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from assistant.config import DecoderSettings, ModelSettings
+from assistant.stages.tokenizer import load_tokenizer
 from engines.driver import DecoderDriver
 from engines.progress import EngineProgress, ProgressCallback, Stage, emit
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
-from models.files import FETCH_HINT, CorruptModel, ModelNotFound
 from store.bundled import ModelStore
 from store.gguf_import import convert_into_store, stored_gguf_dir
-from store.records import repair_hint, repair_hints
+from store.records import repair_hints
 from store.resolve import ResolvedLlm, resolve_llm, resolve_llm_path
 
 if TYPE_CHECKING:
@@ -65,90 +64,6 @@ def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) 
         emit(progress, Stage.CACHED, f"{gguf.name}: converted already ({stored.name})")
         return stored
     return convert_into_store(gguf, store, step)
-
-
-def load_tokenizer(model_dir: Path) -> Any:
-    """The fast tokenizer (with chat template) saved in ``model_dir``; its files parsed once.
-
-    A file that does not load is then checked for its shape, so the error names it.
-
-    Raises:
-        ModelNotFound: No tokenizer files.
-        CorruptModel: A tokenizer file is not JSON of the expected shape (names the file).
-    """
-    try:
-        tokenizer = _tokenizer_class(model_dir).from_pretrained(model_dir)
-    except OSError as e:
-        _check_tokenizer_files(model_dir)  # parsed again only to name the damaged file
-        raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
-    except Exception as e:  # tokenizers and transformers raise bare KeyError, TypeError, Exception...
-        _check_tokenizer_files(model_dir)
-        raise CorruptModel(
-            f"the tokenizer files in {model_dir} (tokenizer.json, tokenizer_config.json) cannot be "
-            f"loaded ({type(e).__name__}: {e}); {repair_hint(model_dir)}"
-        ) from e
-    if not tokenizer.chat_template:
-        raise ModelNotFound(f"{model_dir} has no chat template; use an instruct/chat model")
-    return tokenizer
-
-
-# Model types for which AutoTokenizer loads the ``TokenizersBackend`` a tokenizer_config.json names
-# (transformers 5 overrides that name for the types in its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS,
-# qwen2 and phi3 among them; tests/unit/test_tokenizer_shortcut.py keeps this list outside that set).
-TOKENIZERS_BACKEND_TYPES = frozenset(
-    {"llama", "qwen3", "mistral", "ministral", "gemma2", "gemma3_text", "gemma3"}
-)
-
-
-def _tokenizer_class(model_dir: Path) -> Any:
-    """The class ``AutoTokenizer`` would load, imported without transformers' auto machinery.
-
-    When ``tokenizer_config.json`` names ``TokenizersBackend`` (what transformers 5 saves for
-    most chat models, and the store's GGUF import writes), has no custom code (``auto_map``) and
-    the model's type is one AutoTokenizer does not override (:data:`TOKENIZERS_BACKEND_TYPES`),
-    AutoTokenizer loads exactly that class, but first imports its model registry and with it
-    torch: 3.3 s against 0.8 s on this 2-core CPU (docs/benchmarks.md, "Start-up"), for the
-    ONNX Runtime path that never needs torch. Anything else goes through ``AutoTokenizer``.
-    """
-    try:
-        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        model_type = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        config, model_type = {}, None
-    if (
-        isinstance(config, dict)
-        and config.get("tokenizer_class") == "TokenizersBackend"
-        and "auto_map" not in config
-        and model_type in TOKENIZERS_BACKEND_TYPES
-    ):
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-        return TokenizersBackend
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer
-
-
-# Top-level keys a tokenizers-library tokenizer.json must have, and their JSON types.
-TOKENIZER_SHAPE: dict[str, type] = {"model": dict, "added_tokens": list}
-
-
-def _check_tokenizer_files(model_dir: Path) -> None:
-    """Name the file when tokenizer.json / tokenizer_config.json is not JSON of the right shape."""
-    for name, shape in (("tokenizer.json", TOKENIZER_SHAPE), ("tokenizer_config.json", {})):
-        path = model_dir / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise CorruptModel(f"{path} is not readable JSON ({e}); {repair_hint(model_dir)}") from e
-        problem = None if isinstance(data, dict) else f"{type(data).__name__} where a JSON object belongs"
-        for key, kind in shape.items():
-            if problem is None and not isinstance(data.get(key), kind):
-                problem = f"{key!r} is missing or not a JSON {'object' if kind is dict else 'array'}"
-        if problem:
-            raise CorruptModel(f"{path} is not a tokenizer file: {problem}; {repair_hint(model_dir)}")
 
 
 def onnx_dtype(dtype: str) -> str:

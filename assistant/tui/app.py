@@ -172,7 +172,7 @@ class AssistantApp(TurnFeed):
 
     def _replay(self, path: Path) -> None:
         from assistant.stages.asr import load_wav
-        from assistant.stages.vad import find_utterance
+        from assistant.stages.recording import find_utterance
 
         assert self.loop is not None
         assert self.session is not None

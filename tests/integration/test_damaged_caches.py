@@ -25,7 +25,7 @@ import torch
 
 from assistant.config import ModelSettings
 from assistant.stages.dialogue import Dialogue
-from assistant.stages.llm import load_tokenizer
+from assistant.stages.tokenizer import load_tokenizer
 from bench.speech import speak
 from engines.cache_lock import OWNER_FILE
 from engines.driver import DecoderDriver

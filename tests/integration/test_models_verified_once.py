@@ -91,7 +91,7 @@ def test_the_cpu_path_probes_the_machine_and_loads_the_tokenizer_without_torch(m
         "import sys\n"
         "from pathlib import Path\n"
         "from engines.selection import choose_backend, probe\n"
-        "from assistant.stages.llm import load_tokenizer\n"
+        "from assistant.stages.tokenizer import load_tokenizer\n"
         "choice = choose_backend(probe())\n"
         f"tokenizer = load_tokenizer(Path({str(model_dir)!r}))\n"
         "print(choice.backend, type(tokenizer).__name__, 'torch' in sys.modules)\n"

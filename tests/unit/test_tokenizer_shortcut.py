@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers.models.auto.tokenization_auto import MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
 
-from assistant.stages.llm import TOKENIZERS_BACKEND_TYPES, _tokenizer_class
+from assistant.stages.tokenizer import TOKENIZERS_BACKEND_TYPES, tokenizer_class
 from models.config import SUPPORTED_MODEL_TYPES
 
 
@@ -37,11 +37,11 @@ def folder(tmp_path: Path, model_type: str, **tokenizer_config: object) -> Path:
 def test_only_a_plain_tokenizers_backend_of_a_known_type_skips_auto_tokenizer(
     tmp_path, model_type, config, shortcut
 ):
-    chosen = _tokenizer_class(folder(tmp_path, model_type, **config))
+    chosen = tokenizer_class(folder(tmp_path, model_type, **config))
     assert (chosen.__name__ == "TokenizersBackend") is shortcut
 
 
 def test_a_folder_without_its_json_goes_through_auto_tokenizer(tmp_path):
     shutil.rmtree(tmp_path)
     tmp_path.mkdir()
-    assert _tokenizer_class(tmp_path).__name__ == "AutoTokenizer"
+    assert tokenizer_class(tmp_path).__name__ == "AutoTokenizer"
