@@ -201,6 +201,9 @@ def test_ctrl_c_while_models_load_exits_quietly_with_status_130(tmp_path, store)
             (model / source.name).symlink_to(source)
     proc = subprocess.Popen(
         [sys.executable, "-m", "assistant", "chat", "--store", str(tmp_path / "store")],
+        # Ctrl-C as in a terminal: a test run started in the background (`cmd &`) ignores SIGINT,
+        # its children inherit that, and Python then installs no KeyboardInterrupt at all.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdin=subprocess.PIPE,  # kept open: the chat would wait for a question, not exit
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
