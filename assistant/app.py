@@ -19,6 +19,7 @@ from assistant.stages.asr_torch import TorchTranscriber, open_transcriber
 from assistant.stages.audio import Microphone
 from assistant.stages.devices import AudioDeviceError
 from assistant.stages.dialogue import Dialogue
+from assistant.stages.echo import EchoCanceller, echo_canceller
 from assistant.stages.endpoint import TurnOptions, describe, end_of_turn_policy, with_partials_resolved
 from assistant.stages.llm import load_llm
 from assistant.stages.playback import Speaker
@@ -26,6 +27,7 @@ from assistant.stages.splitter import SentenceSplitter
 from assistant.stages.tts import Synthesizer
 from assistant.stages.tts_piper import PiperSynthesizer, open_synthesizer
 from assistant.stages.vad import EndOfTurn, Endpointer, FixedSilence, VadOptions
+from assistant.turns.duplex import Duplex
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import PipelineOptions
 from engines.progress import EngineProgress, ProgressCallback, Stage
@@ -122,6 +124,13 @@ class Session:
     turn_policy: EndOfTurn | None = None
     settings_vad: VadOptions = field(default_factory=VadOptions)
     settings_turn: TurnOptions = field(default_factory=TurnOptions)
+    echo: EchoCanceller | None = None
+    echo_reason: str = "no audio devices"
+    echo_probe: bool = True
+
+    def duplex(self, emit: Callable[[Event], None]) -> Duplex:
+        """Echo cancellation on the microphone, reporting its mode to ``emit``."""
+        return Duplex(self.echo, self.echo_reason, self.speaker, self.mic, emit, self.echo_probe)
 
     def endpointer(self) -> Endpointer:
         """A streaming endpointer with this session's end-of-turn policy."""
@@ -214,12 +223,16 @@ def build_session(
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
     notices: list[str] = []
+    echo: EchoCanceller | None = None
+    echo_reason = "no audio devices"
     if devices:
         step("opening audio devices", 0.02)
         mic, speaker, notice = open_audio(settings)
         if notice:
             notices.append(notice)
     try:
+        if mic is not None and speaker is not None:
+            echo, echo_reason = echo_canceller(settings.echo)  # "on" and unavailable: raises
         step(f"loading LLM {settings.models.llm}", 0.05)
         decoder, tokenizer = load_llm(
             settings.models,
@@ -287,6 +300,9 @@ def build_session(
         policy,
         settings.vad,
         with_partials_resolved(settings.turn, transcriber.device if transcriber else "cpu"),
+        echo,
+        echo_reason,
+        settings.echo.probe,
     )
 
 

@@ -169,9 +169,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--barge-in",
         dest="pipeline.barge_in",
-        action="store_const",
-        const=True,
-        help="let speech interrupt the reply (use a headset: with speakers it hears itself)",
+        nargs="?",
+        const="on",
+        choices=("auto", "on", "off"),
+        metavar="MODE",
+        help="let speech interrupt the reply: auto (default: while echo cancellation works), "
+        "on (alone: also without it, e.g. a headset) or off",
     )
     g.add_argument(
         "--metrics-port",

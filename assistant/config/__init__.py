@@ -134,9 +134,19 @@ class DialogueSettings:
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    """Turn taking: ``barge_in`` lets user speech interrupt the reply (use a headset)."""
+    """Turn taking: ``barge_in`` lets user speech interrupt the reply.
 
-    barge_in: bool = False
+    ``auto`` (default): while echo cancellation has converged (full duplex, speakers fine);
+    ``on``: always, also without echo cancellation (use a headset); ``off``: never.
+    """
+
+    barge_in: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.barge_in, bool):  # older config files: barge_in = true
+            object.__setattr__(self, "barge_in", "on" if self.barge_in else "off")
+        if self.barge_in not in ("auto", "on", "off"):
+            raise ValueError(f"barge_in {self.barge_in!r}: use auto, on or off")
 
 
 @dataclass

@@ -65,6 +65,9 @@ class TurnOptions:
     device, or more than 2 cores). Whisper's encoder always runs on a 30 s window, so on 2
     CPU cores a partial in flight when the user stops delayed the answer (+350 ms median
     voice-to-voice, docs/benchmarks.md).
+    ``continuation_ms``: in full duplex, words spoken over a reply that begin this soon after
+    its first audio are the rest of the question: the reply is dropped and the question
+    answered whole (docs/voice.md, "Full duplex").
     """
 
     detection: str = "smart-turn"
@@ -77,6 +80,7 @@ class TurnOptions:
     speculate_after_ms: int = field(default=128, metadata=bounds(min=0, max=60_000))
     partials: str = "auto"
     partial_interval_ms: int = field(default=700, metadata=bounds(min=0, max=60_000))
+    continuation_ms: int = field(default=1800, metadata=bounds(min=0, max=10_000))
 
     def __post_init__(self) -> None:
         if self.detection not in DETECTIONS:
@@ -173,16 +177,22 @@ class EchoOptions:
     where WebRTC's audio processing (the ``livekit`` package) loads. ``delay_hint_ms``: the
     expected delay from the speaker to the microphone beyond the streams' reported latencies
     (WebRTC's AEC3 finds the delay itself; the hint only helps it start). ``max_delay_ms``: the
-    longest echo delay the reported estimate looks for. The canceller counts as converged when
-    it has removed ``converged_erle_db`` of echo (ERLE) over the last ``window_ms`` of far-end
-    audio. ``noise_suppression`` and ``high_pass_filter`` are WebRTC's own stages.
+    longest echo delay the reported estimate looks for. The canceller counts as converged when,
+    over the last ``window_ms`` of far-end audio, what is left of the echo is
+    ``converged_below_db`` under the far end and it removed at least ``converged_erle_db``
+    (ERLE), or there was no echo to speak of (a headset). ``noise_suppression`` and
+    ``high_pass_filter`` are WebRTC's own stages. ``probe``: play a soft half-second hiss at
+    start so the canceller converges before the first reply (full duplex from the first
+    question); without it the first reply is gated until it converges.
     """
 
     enabled: str = "auto"
     delay_hint_ms: int = field(default=0, metadata=bounds(min=0, max=500))
     max_delay_ms: int = field(default=300, metadata=bounds(min=20, max=1000))
     converged_erle_db: float = field(default=10.0, metadata=bounds(min=0.0, max=60.0))
+    converged_below_db: float = field(default=30.0, metadata=bounds(min=0.0, max=90.0))
     window_ms: int = field(default=500, metadata=bounds(min=100, max=10_000))
+    probe: bool = True
     noise_suppression: bool = False
     high_pass_filter: bool = True
 

@@ -20,8 +20,12 @@ from assistant.events import (
     AudioDeviceRestored,
     BargeIn,
     CancelReason,
+    EchoState,
     Event,
+    OverlapHeard,
+    OverlapVerdict,
     PartialTranscript,
+    ReplyPaused,
     SentenceReady,
     SpeechEnded,
     SpeechResumed,
@@ -38,6 +42,7 @@ from assistant.stages.devices import device_notice
 from assistant.stages.endpoint import TurnOptions
 from assistant.stages.recording import NoSpeechInFile, find_utterance
 from assistant.stages.vad import SAMPLE_RATE_HZ, EndOfTurn, Endpointer, VadOptions
+from assistant.turns.duplex import Duplex
 from assistant.turns.live import LiveLoop
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import PipelineOptions
@@ -124,6 +129,21 @@ class ConsoleReporter:
         elif isinstance(event, BargeIn):
             reaction_ms = (event.t_ns - event.onset_t_ns) / 1e6
             line = f"[turn {event.turn_id}] interrupted: reply stopped {reaction_ms:.0f} ms after you spoke"
+        elif isinstance(event, EchoState):
+            line = event.reason
+        elif isinstance(event, ReplyPaused):
+            reaction_ms = (event.t_ns - event.onset_t_ns) / 1e6
+            line = f"[turn {event.turn_id}] reply paused {reaction_ms:.0f} ms after you spoke over it"
+        elif isinstance(event, OverlapHeard) and event.verdict in (
+            OverlapVerdict.NOISE,
+            OverlapVerdict.BACKCHANNEL,
+        ):
+            what = f'"{event.text}"' if event.text else "no words"
+            line = f"[turn {event.turn_id}] {what} over the reply ({event.verdict}): it plays on"
+        elif isinstance(event, OverlapHeard) and event.verdict is OverlapVerdict.STOP:
+            line = f'[turn {event.turn_id}] "{event.text}": reply stopped'
+        elif isinstance(event, TurnCancelled) and event.reason == CancelReason.CONTINUED:
+            line = f"[turn {event.turn_id}] you went on with the question: it is answered whole"
         elif isinstance(event, TurnHeld):
             line = f"[turn {event.turn_id}] long speech cut for length: the answer waits until you stop"
         elif isinstance(event, TranscriptReady):
@@ -156,13 +176,14 @@ def run_live(
     turn: TurnOptions,
     out: TextIO = sys.stdout,
     typed: TextIO | None = sys.stdin,
+    duplex: Duplex | None = None,
 ) -> int:
     """Listen and answer until Ctrl-C (SIGINT) or SIGTERM; closes streams and joins threads.
 
     Each line read from ``typed`` (standard input) is answered as a typed turn, spoken too,
     after the turn in progress; the end of that input leaves the microphone listening.
     """
-    loop = LiveLoop(pipeline, mic, speaker, endpointer, turn=turn)
+    loop = LiveLoop(pipeline, mic, speaker, endpointer, turn=turn, duplex=duplex)
     done = threading.Event()
 
     def read_typed() -> None:
@@ -262,8 +283,10 @@ def serve_session(
         if session.mic is None or session.speaker is None:
             return run_chat(session.dialogue)
         mic, speaker = session.mic, session.speaker
+        duplex = session.duplex(session.pipeline.emit)
         session.mic = session.speaker = None  # run_live closes them
-        return run_live(session.pipeline, mic, speaker, session.endpointer(), session.settings_turn)
+        endpointer, turn = session.endpointer(), session.settings_turn
+        return run_live(session.pipeline, mic, speaker, endpointer, turn, duplex=duplex)
     finally:
         session.close()
 

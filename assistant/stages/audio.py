@@ -75,6 +75,12 @@ class Microphone(DeviceStream):
             return None
         return resample(block, self.rate_hz, SAMPLE_RATE_HZ), t_ns
 
+    @property
+    def input_latency_ns(self) -> int:
+        """PortAudio's input latency of the open stream: from the air to the callback."""
+        stream = self.stream
+        return int(1e9 * float(stream.latency or 0.0)) if stream is not None else 0
+
     def drain(self) -> None:
         """Drop captured blocks not read yet (e.g. what the mic heard while it was gated)."""
         try:

@@ -205,6 +205,13 @@ class Dialogue:
             self.turns[-1] = Turn(self.turns[-1].user, heard_text)
             self.transcript[-1] = Turn(self.transcript[-1].user, heard_text)
 
+    def forget_last_exchange(self) -> None:
+        """Drop the last exchange: its question goes on in the next one (a continuation)."""
+        if self.turns:
+            self.turns.pop()
+        if self.transcript:
+            self.transcript.pop()
+
     def _record(self, reply: Reply) -> None:
         kept = self.turns[reply.plan.dropped_turns :]
         answer = reply.stats.text.strip()

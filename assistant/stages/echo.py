@@ -42,13 +42,18 @@ class EchoStats:
     ``erle_db``: echo removed over the last ``window_ms`` of far-end audio (input energy over
     output energy; the user talking over the reply lowers it). ``delay_ms``: the echo's delay
     beyond the streams' timing (cross-correlation of microphone and far end), ``None`` until an
-    echo was found. ``converged``: ``erle_db`` reached ``converged_erle_db``.
+    echo was found. ``echo_loss_db``: how far below the far end the microphone was over the same
+    frames (the room's echo return loss; large with a headset). ``converged``: what is left of
+    the echo is at least ``converged_below_db`` under the far end (``echo_loss_db + erle_db``),
+    and the canceller did it (``erle_db`` reached ``converged_erle_db``) or there was no echo
+    to speak of (``echo_loss_db`` alone is that far down).
     """
 
     erle_db: float | None
     delay_ms: float | None
     converged: bool
     far_frames: int  # 10 ms frames processed while the far end played
+    echo_loss_db: float | None = None
 
 
 def load_processor(options: EchoOptions) -> Any:
@@ -110,7 +115,8 @@ class EchoCanceller:
         self._pending = np.zeros(0, np.int16)  # near-end samples short of a whole frame
         self._next = 0  # timeline index of the next near-end sample to process
         window = max(1, options.window_ms // 10)
-        self._energy: deque[tuple[float, float]] = deque(maxlen=window)  # (in, out) of far-active frames
+        # (in, out, far) energies of the frames while the far end played
+        self._energy: deque[tuple[float, float, float]] = deque(maxlen=window)
         self._delay_near: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
         self._delay_far: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
         self._far_frames = 0
@@ -149,6 +155,11 @@ class EchoCanceller:
             frame[: max(0, self._far_end - size - start)] = 0  # overwritten already
             return frame
 
+    @property
+    def pending_samples(self) -> int:
+        """Near-end samples waiting for a whole frame: how far the output runs behind the input."""
+        return len(self._pending)
+
     def process(self, samples: np.ndarray, t_ns: int) -> np.ndarray:
         """Cancel the echo in near-end ``samples`` captured from ``t_ns``; float32 out.
 
@@ -184,7 +195,7 @@ class EchoCanceller:
         self._delay_near.append(near_f)  # every frame: the lag needs them contiguous
         self._delay_far.append(far_f)
         if np.sqrt(np.mean(far_f**2)) > FAR_ACTIVE_RMS:
-            self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2))))
+            self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2)), float(np.sum(far_f**2))))
             self._far_frames += 1
             if self._far_frames % DELAY_EVERY_FRAMES == 0:
                 self._estimate_delay()
@@ -199,13 +210,15 @@ class EchoCanceller:
 
     def stats(self) -> EchoStats:
         """ERLE, delay and convergence so far (see :class:`EchoStats`)."""
-        erle = None
+        erle = loss = None
+        converged = False
         if len(self._energy) == self._energy.maxlen:
-            e_in = sum(e for e, _ in self._energy)
-            e_out = sum(e for _, e in self._energy)
-            erle = 10 * float(np.log10(max(e_in, 1e-12) / max(e_out, 1e-12)))
-        converged = erle is not None and erle >= self.options.converged_erle_db
-        return EchoStats(erle, self._delay_ms, converged, self._far_frames)
+            e_in, e_out, e_far = (max(sum(e[i] for e in self._energy), 1e-12) for i in range(3))
+            erle = 10 * float(np.log10(e_in / e_out))
+            loss = 10 * float(np.log10(e_far / e_in))
+            below = self.options.converged_below_db
+            converged = loss + erle >= below and (erle >= self.options.converged_erle_db or loss >= below)
+        return EchoStats(erle, self._delay_ms, converged, self._far_frames, loss)
 
 
 def estimate_delay(far: np.ndarray, near: np.ndarray, max_delay_ms: float) -> tuple[int, float]:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
 class SmartTurnPolicy:
     """Ends a turn when Smart Turn says the speaker is done, or at ``max_silence_ms``."""
 

@@ -62,6 +62,14 @@ class AudioSink(Protocol):
         """Drop what is queued, now."""
         ...
 
+    def pause(self) -> None:
+        """Hold playback where it is (speech began over the reply); :meth:`resume` plays on."""
+        ...
+
+    def resume(self) -> None:
+        """Play on from where :meth:`pause` held it."""
+        ...
+
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until everything queued has played."""
         ...
@@ -88,6 +96,12 @@ class FileSink:
     def stop(self) -> None:
         """Nothing plays, so nothing to stop."""
 
+    def pause(self) -> None:
+        """Nothing plays, so nothing to hold."""
+
+    def resume(self) -> None:
+        """Nothing was held."""
+
     def wait(self, timeout_s: float | None = None) -> bool:
         """Always done."""
         return True
@@ -109,7 +123,10 @@ class Speaker(DeviceStream):
 
     The callback records, per turn, when the first sample was handed to the device and how
     many samples of each segment were played (so a barge-in knows what the user heard).
-    When the device is lost, what is queued is dropped and ``play``/``wait`` raise
+    :meth:`pause` holds playback (silence, nothing consumed) until :meth:`resume`.
+    With ``far_end`` set (a deque), each block written to the device is appended to it with the
+    time its first sample leaves the speaker: the echo canceller's reference. When the device
+    is lost, what is queued is dropped and ``play``/``wait`` raise
     :class:`~assistant.stages.devices.DeviceLostError` until it is reopened.
     """
 
@@ -122,6 +139,8 @@ class Speaker(DeviceStream):
         self.played_samples: dict[int, int] = {}  # per turn, counted at 16 kHz
         self.idle = threading.Event()
         self.idle.set()
+        self.paused = False
+        self.far_end: deque[tuple[np.ndarray, int]] | None = None  # (block at the device rate, t_ns)
         super().__init__(options, options.output_device)
         self.running = True
         try:
@@ -130,12 +149,12 @@ class Speaker(DeviceStream):
             self.close()
             raise
 
-    def _callback(self, outdata: np.ndarray, frames: int, _time: Any, status: Any) -> None:
-        self._beat(status)
+    def _callback(self, outdata: np.ndarray, frames: int, times: Any, status: Any) -> None:
+        now_ns = self._beat(status)
         out = outdata[:, 0]
         filled = 0
         with self._lock:
-            while filled < frames and self._segments:
+            while filled < frames and self._segments and not self.paused:
                 seg = self._segments[0]
                 if seg.turn_id not in self.first_audio_t_ns:
                     self.first_audio_t_ns[seg.turn_id] = time.monotonic_ns()
@@ -151,6 +170,18 @@ class Speaker(DeviceStream):
             if not self._segments:
                 self.idle.set()
         out[filled:] = 0.0
+        if self.far_end is not None:
+            self.far_end.append((out.copy(), now_ns + self._dac_delay_ns(times)))
+
+    def _dac_delay_ns(self, times: Any) -> int:
+        """How long until this block's first sample leaves the speaker (PortAudio's timing)."""
+        try:
+            ahead = float(times.outputBufferDacTime) - float(times.currentTime)
+        except (AttributeError, TypeError, ValueError):
+            ahead = -1.0
+        if not 0.0 < ahead < 1.0:  # not reported by this host API: the stream's latency
+            ahead = float(self.stream.latency or 0.0) if self.stream is not None else 0.0
+        return int(ahead * 1e9)
 
     def _check_lost(self) -> None:
         if self.lost.is_set():
@@ -174,7 +205,18 @@ class Speaker(DeviceStream):
         """Drop everything queued, mid-sentence included; returns at once."""
         with self._lock:
             self._segments.clear()
+            self.paused = False
             self.idle.set()
+
+    def pause(self) -> None:
+        """Hold playback where it is: silence until :meth:`resume` (or :meth:`stop`)."""
+        with self._lock:
+            self.paused = True
+
+    def resume(self) -> None:
+        """Play on from where :meth:`pause` held it."""
+        with self._lock:
+            self.paused = False
 
     _on_lost = stop  # sets ``idle`` too, so that a waiter wakes and sees the loss
 

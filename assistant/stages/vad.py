@@ -13,6 +13,7 @@ import numpy as np
 from assistant.config.sections import VadOptions
 from assistant.events import (
     Event,
+    OnsetEnded,
     SpeechEnded,
     SpeechOnset,
     SpeechPaused,
@@ -121,8 +122,9 @@ class Endpointer:
     captured; it runs the VAD per 32 ms chunk and keeps its own buffers. Events: ``SpeechOnset``
     (``onset_ms`` of speech), ``SpeechStarted`` (``min_speech_ms``: a turn), ``SpeechPaused``
     (``pause_ms`` of silence, at most the policy's), ``TurnDecision`` (the policy looked), ``SpeechResumed``
-    (speech again after a pause, ``onset_ms`` long) and ``SpeechEnded`` (the policy said the
-    turn is complete, or ``max_utterance_s`` cut it: ``cut``). Until :meth:`seal` is called, speech
+    (speech again after a pause, ``onset_ms`` long), ``SpeechEnded`` (the policy said the
+    turn is complete, or ``max_utterance_s`` cut it: ``cut``) and ``OnsetEnded`` (an onset that
+    ended before it was long enough to be a turn). Until :meth:`seal` is called, speech
     after ``SpeechEnded`` continues that turn (``SpeechResumed(after_endpoint=True)``): the
     reply has not started, so the user has not been answered yet.
 
@@ -263,6 +265,8 @@ class Endpointer:
                 turn, speech_end, audio = self.turn_id, self.last_speech_t_ns, self._audio()
                 events.append(SpeechEnded(turn, end_t_ns, speech_end, audio, after_cut=self.after_cut))
                 self.closed = _Closed(turn, list(self.chunks), list(self.flags), self.after_cut, self.context)
+            elif self.onset_sent:  # a click or a cough, over: whatever its onset paused may go on
+                events.append(OnsetEnded(self.next_turn_id, t_end_ns))
             self._reset_utterance()
             self.pre_roll.clear()
         elif len(self.chunks) * CHUNK_NS >= opts.max_utterance_s * 1e9:

@@ -17,6 +17,13 @@ from assistant.tui.fold import TurnFold
 from assistant.tui.status import StatusBar
 from assistant.turns.live import LiveLoop
 
+BARGE_IN_NEXT = {"auto": "on", "on": "off", "off": "auto"}
+BARGE_IN_WORDS = {
+    "auto": "speech stops the reply while echo cancellation works",
+    "on": "speech always stops the reply (use a headset without echo cancellation)",
+    "off": "replies are never stopped; speech over them is answered after",
+}
+
 
 class KeyActions(App[int]):
     """The key bindings and their actions; :class:`~assistant.tui.app.AssistantApp` sets the state."""
@@ -35,7 +42,7 @@ class KeyActions(App[int]):
 
     listening: bool
     muted: bool
-    barge_in: bool
+    barge_in: str
     has_mic: bool
     loop: LiveLoop | None
     session: Session | None
@@ -54,6 +61,7 @@ class KeyActions(App[int]):
         """The barge-in setting, to the pipeline of the running loop."""
         if self.loop is not None:
             self.loop.pipeline.options = replace(self.loop.pipeline.options, barge_in=self.barge_in)
+            self.loop.set_barge_in(self.barge_in)
 
     def action_toggle_listening(self) -> None:
         """Space: stop or resume listening to the microphone."""
@@ -82,11 +90,11 @@ class KeyActions(App[int]):
         self.set_focus(None)
 
     def action_barge_in(self) -> None:
-        """B: let speech interrupt replies (headsets), or not."""
-        self.barge_in = not self.barge_in
+        """B: barge-in auto (while echo cancellation works), on (headsets) or off, in turn."""
+        self.barge_in = BARGE_IN_NEXT[self.barge_in]
         self._push_barge_in()
         self.query_one(StatusBar).set(barge_in=self.barge_in)
-        self.notify(f"barge-in {'on: use a headset' if self.barge_in else 'off'}")
+        self.notify(f"barge-in {self.barge_in}: {BARGE_IN_WORDS[self.barge_in]}")
 
     def action_export(self) -> None:
         """E: write the session's latency report (CSV and JSON)."""

@@ -25,11 +25,12 @@ class StatusBar(Static):
         self.state = "loading"
         self.level_db: float | None = None
         self.info = SessionInfo()
-        self.barge_in = False
+        self.barge_in = "auto"
+        self.duplex = ""  # full or half duplex, and why (EchoState)
         self.gpu = ""
 
     def set(self, **values: object) -> None:
-        """Change any of ``state``, ``level_db``, ``info``, ``barge_in``, ``gpu``."""
+        """Change any of ``state``, ``level_db``, ``info``, ``barge_in``, ``duplex``, ``gpu``."""
         for key, value in values.items():
             setattr(self, key, value)
         self.refresh(layout="info" in values or "gpu" in values)  # they may need a third line
@@ -41,8 +42,9 @@ class StatusBar(Static):
         line1 = Text()
         line1.append(f" {self.state.upper()} ", f"bold reverse {STATE_STYLES.get(self.state, '')}")
         line1.append(f" mic {level_meter(self.level_db if i.mic else None)} ")
-        barge = "on" if self.barge_in else "off"
-        line1.append(f" in: {i.mic or 'none'}  out: {i.speaker or 'none'}  barge-in {barge}")
+        line1.append(f" in: {i.mic or 'none'}  out: {i.speaker or 'none'}  barge-in {self.barge_in}")
+        if self.duplex:
+            line1.append(f"  {self.duplex}")
         llm = f" LLM {i.llm or '-'} ({i.backend or '-'})  engine: {i.engine or '-'}"
         if i.turn:
             line1.append(f"  turn: {i.turn}")

@@ -12,22 +12,27 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from assistant.events import BargeIn, MicLevel, SpeechEnded, SpeechPaused
+from assistant.events import BargeIn, MicLevel, ReplyPaused, SpeechEnded, SpeechPaused
 from assistant.stages.audio import AudioSink, Microphone, Speaker
 from assistant.stages.devices import DeviceLostError, DeviceWatch
 from assistant.stages.endpoint import TurnOptions
 from assistant.stages.vad import Endpointer
+from assistant.turns.duplex import Duplex
 from assistant.turns.engine import (
     Action,
     Cancel,
     Confirm,
+    ContinueTurn,
     Discard,
     Emit,
+    Judge,
     MicBlock,
+    PauseReply,
+    ResumeReply,
     Start,
     StopSpeaker,
     TurnEngine,
@@ -59,6 +64,11 @@ class LiveLoop:
     ``Start`` runs the pipeline on a turn thread after the turns before it, the TTS thread asks
     the engine before each piece of audio (:meth:`_claim_audio`), a thread that returns tells it.
 
+    With a :class:`~assistant.turns.duplex.Duplex` the microphone is echo-cancelled before the
+    endpointer hears it, and once the canceller has converged it is heard while replies play
+    (full duplex): speech over a reply pauses it, and a judge thread transcribes that speech
+    for the engine to resume, stop, cut or continue the reply (:class:`Judge`).
+
     ``listening`` and ``muted`` gate the microphone (both must allow it); ``on_level``
     receives a ``MicLevel`` about every 100 ms while capturing. Typed messages go through
     ``submit_text`` so that they take turns with spoken ones. Without a microphone (and
@@ -79,6 +89,7 @@ class LiveLoop:
         endpointer: Endpointer | None,
         on_level: Callable[[MicLevel], None] | None = None,
         turn: TurnOptions | None = None,
+        duplex: Duplex | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.mic = microphone
@@ -91,9 +102,17 @@ class LiveLoop:
         self.stop_event = threading.Event()
         # "auto" is resolved by the session (with_partials_resolved); here it counts as on.
         partials = self.turn.partials != "off" and self.turn.partial_interval_ms > 0
-        self.engine = TurnEngine(
-            TurnRules(pipeline.options.barge_in, self.turn.speculate, partials, self.turn.partial_interval_ms)
+        rules = TurnRules(
+            pipeline.options.barge_in,
+            self.turn.speculate,
+            partials,
+            self.turn.partial_interval_ms,
+            self.turn.continuation_ms,
         )
+        self.engine = TurnEngine(rules)
+        self.duplex = duplex
+        if duplex is not None and duplex.canceller is not None:
+            pipeline.echo_report = duplex.report
         self.floor = threading.Lock()  # the engine and the runs: who speaks next
         self.runs: dict[int, _Run] = {}  # attempt id -> its thread, cancel flag and gate
         self.current_turn = 0
@@ -102,6 +121,8 @@ class LiveLoop:
         self.capture_thread = threading.Thread(target=self._capture, name="capture")
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
         self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
+        self.judgements: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue()
+        self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
         watched = [d for d in (microphone, speaker) if isinstance(d, Microphone | Speaker)]
         self.watch = DeviceWatch(watched, pipeline.emit, lambda: self.current_turn)
 
@@ -110,9 +131,17 @@ class LiveLoop:
         if self.mic is not None and self.endpointer is not None:
             self.mic.start()
             self.capture_thread.start()
+            self.judge_thread.start()
             if self.engine.rules.partials:
                 self.partial_thread.start()
+            if self.duplex is not None:
+                self.duplex.start()
         self.watch.start()
+
+    def set_barge_in(self, mode: str) -> None:
+        """Change the barge-in mode (``auto``, ``on``, ``off``) of the running loop."""
+        with self.floor:
+            self.engine.rules = replace(self.engine.rules, barge_in=mode)
 
     def busy(self) -> bool:
         """Whether a turn is being worked on or answered."""
@@ -150,11 +179,16 @@ class LiveLoop:
             lost = False
             if block is None:
                 continue
+            if self.duplex is not None:
+                block = self.duplex.clean(*block)
+                if not block[0].size:
+                    continue
             if self.on_level is not None and block[1] >= level_due_ns:
                 level_due_ns = block[1] + 100_000_000
                 rms = float(np.sqrt(np.mean(np.square(block[0])))) if block[0].size else 0.0
                 self.on_level(MicLevel(self.current_turn, block[1], 20 * np.log10(max(rms, 1e-6))))
             with self.floor:
+                self.engine.echo_ok = self.duplex is not None and self.duplex.full_duplex
                 decision = self.engine.mic_block(closed=self.muted or not self.listening)
             if decision is MicBlock.IGNORE:
                 continue
@@ -198,19 +232,46 @@ class LiveLoop:
                 self.runs[action.attempt].cancel.set()
             elif isinstance(action, BargeInAction):
                 self.runs[action.attempt].cancel.set()
-                latency_ms = self.speaker.output_latency_ms if self.speaker is not None else 0.0
-                barge_in = BargeIn(action.turn_id, time.monotonic_ns(), action.onset_t_ns, latency_ms)
+                stopped_ns = action.paused_t_ns or time.monotonic_ns()
+                barge_in = BargeIn(action.turn_id, stopped_ns, action.onset_t_ns, self._latency_ms())
                 self.pipeline.emit(barge_in)
+            elif isinstance(action, PauseReply):
+                if self.speaker is not None:
+                    self.speaker.pause()
+                now, latency_ms = time.monotonic_ns(), self._latency_ms()
+                paused = ReplyPaused(action.turn_id, now, action.onset_t_ns, action.overlap_turn, latency_ms)
+                self.pipeline.emit(paused)
+            elif isinstance(action, ResumeReply):
+                if self.speaker is not None:
+                    self.speaker.resume()
+            elif isinstance(action, ContinueTurn):
+                run = self.runs[action.attempt]
+                run.gate.join_next(action.hold)  # its speech joins the next turn; its reply is dropped
+                run.cancel.set()
+            elif isinstance(action, Judge):
+                assert isinstance(action.audio, np.ndarray)
+                self.judgements.put((action.turn_id, action.audio))
             elif isinstance(action, StopSpeaker):
                 if self.speaker is not None:
                     self.speaker.stop()
             elif isinstance(action, Emit):
                 self.pipeline.emit(action.event)
 
+    def _latency_ms(self) -> float:
+        return self.speaker.output_latency_ms if self.speaker is not None else 0.0
+
     def _claim_audio(self, attempt: int) -> bool:
         """The TTS thread asks before playing: the floor is the reply's unless the user took it."""
         with self.floor:
-            return self.engine.claim_audio(attempt)
+            return self.engine.claim_audio(attempt, time.monotonic_ns())
+
+    def _judge_worker(self) -> None:
+        """Transcribe speech over a reply and tell the engine its words (``overlap-asr`` thread)."""
+        while (item := self.judgements.get()) is not None:
+            turn, audio = item
+            text = self.pipeline.transcribe_overlap(turn, audio)
+            with self.floor:
+                self._apply(self.engine.overlap_heard(turn, text, time.monotonic_ns()))
 
     def _maybe_partial(self) -> None:
         """Hand the utterance in progress to the partial-transcript thread when it is due."""
@@ -294,6 +355,9 @@ class LiveLoop:
         if self.partial_thread.is_alive():
             self.partials.put(None)
             self.partial_thread.join()
+        if self.judge_thread.is_alive():
+            self.judgements.put(None)
+            self.judge_thread.join()
         with self.floor:
             threads = [r.thread for r in self.runs.values()]
         for thread in threads:

@@ -18,6 +18,7 @@ import numpy as np
 from assistant.events import (
     CancelReason,
     DiscardReason,
+    EchoMeasured,
     Event,
     PartialTranscript,
     PlaybackEnded,
@@ -52,6 +53,8 @@ from store.files import append_line
 
 logger = logging.getLogger(__name__)
 
+CONTINUATION_GAP_SAMPLES = SAMPLE_RATE_HZ * 3 // 10  # 0.3 s between a question and its rest
+
 
 class VoicePipeline:
     """Runs turns through every stage and reports events to ``emit`` (from worker threads)."""
@@ -80,6 +83,8 @@ class VoicePipeline:
         self._transcribing: set[int] = set()  # turns whose own ASR has started
         self._server_lost: set[int] = set()  # turns whose LLM server failed mid-reply
         self.held = HeldSpeech()  # only the turn threads touch it, one turn at a time
+        # (ERLE dB, echo delay ms) over the reply just played, when the microphone is echo-cancelled
+        self.echo_report: Callable[[], tuple[float | None, float | None]] | None = None
 
     def emit(self, event: Event) -> None:
         """Record an event and pass it on."""
@@ -120,7 +125,7 @@ class VoicePipeline:
         held = self.held
         audio = np.concatenate([held.audio, utterance.audio]) if held.turns else utterance.audio
         with self.asr_lock:
-            result = self.transcriber.transcribe(audio, long_form=bool(held.turns))
+            result = self.transcriber.transcribe(audio, long_form=bool(held.turns) and not held.continued)
         text = " ".join([*held.texts, result.text.strip()]).strip()
         if gate.discarded:
             self._discarded(turn, start_ns, gate.reason)
@@ -137,6 +142,9 @@ class VoicePipeline:
             record = self._answer(turn, text, sink, cancel, gate, start_ns)
         if record is not None and self.held is held:
             self.held = HeldSpeech()  # answered: the next long utterance starts afresh
+        if gate.joins_next and gate.hold_speech:  # the user went on: answer it all next turn
+            gap = np.zeros(CONTINUATION_GAP_SAMPLES, np.float32)
+            self.held = HeldSpeech([turn], [], np.concatenate([audio, gap]), continued=True)
         return record
 
     def drop_held(self) -> list[int]:
@@ -209,10 +217,17 @@ class VoicePipeline:
             self.emit(
                 TurnCancelled(turn, time.monotonic_ns(), CancelReason.SPEAKER_LOST, self.dialogue_reply())
             )
+        elif cancel.is_set() and gate.joins_next:
+            heard = audio.heard() if audio is not None else ""
+            self.dialogue.forget_last_exchange()  # the question goes on; it is answered whole next
+            self.emit(TurnCancelled(turn, time.monotonic_ns(), CancelReason.CONTINUED, heard))
         elif cancel.is_set():
             heard = audio.heard() if audio is not None else self.dialogue_reply()
             self.dialogue.revise_last_reply(heard)
             self.emit(TurnCancelled(turn, time.monotonic_ns(), CancelReason.INTERRUPTED, heard))
+        if self.echo_report is not None and audio is not None:
+            erle_db, delay_ms = self.echo_report()
+            self.emit(EchoMeasured(turn, time.monotonic_ns(), erle_db, delay_ms))
         return self._finish(turn)
 
     def _discarded(self, turn: int, start_ns: int, reason: DiscardReason) -> None:
@@ -236,6 +251,12 @@ class VoicePipeline:
         if text and turn not in self._transcribing:
             asr_ms = result.asr_ms
             self.emit(PartialTranscript(turn, time.monotonic_ns(), text, 1000 * audio.size / 16000, asr_ms))
+
+    def transcribe_overlap(self, turn: int, audio: np.ndarray) -> str:
+        """The words of speech over a reply (greedy: they only decide what the speech was)."""
+        with self.asr_lock:
+            result = self.transcriber.transcribe(audio, quick=True)
+        return result.text.strip()
 
     def dialogue_reply(self) -> str:
         """The last reply as generated (what a reader saw when nothing is spoken)."""

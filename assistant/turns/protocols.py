@@ -61,18 +61,21 @@ class Splits(Protocol):
 class PipelineOptions:
     """Turn-taking behaviour.
 
-    Without ``barge_in`` the microphone is ignored while the assistant speaks (it must not
-    hear itself through the speakers). With it (headsets), user speech stops the reply and
-    only what was played stays in the conversation.
+    ``barge_in``: whether speech over a reply may stop it: ``auto`` while echo cancellation has
+    converged (full duplex), ``on`` always (headsets), ``off`` never. Only what was played of
+    a stopped reply stays in the conversation.
     """
 
-    barge_in: bool = False
+    barge_in: str = "auto"
     log_path: Path | None = None
 
 
 @dataclass
 class HeldSpeech:
     """Speech of turns cut for length (``SpeechEnded.cut``) that is not answered yet.
+
+    Also the speech of a question the user went on with after its reply had begun
+    (``continued``, docs/voice.md "Full duplex"): the next turn answers both as one.
 
     ``texts`` are the transcripts of its clips that are final, ``audio`` the rest, not yet
     transcribed. A clip is final once the held audio runs past its 30 s window
@@ -84,6 +87,7 @@ class HeldSpeech:
     turns: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    continued: bool = False  # a question the user went on with after its reply began (not cut)
 
 
 class ReplyGate:
@@ -99,6 +103,8 @@ class ReplyGate:
     def __init__(self, confirmed: bool = True, claim_audio: Callable[[], bool] | None = None) -> None:
         self.confirmed = threading.Event()
         self.discarded = False
+        self.joins_next = False  # the user went on with the question: see join_next
+        self.hold_speech = False
         self.reason = DiscardReason.SPEECH_RESUMED
         self.claim_audio = claim_audio
         if confirmed:
@@ -113,6 +119,14 @@ class ReplyGate:
         self.reason = reason
         self.discarded = True
         self.confirmed.set()  # wakes the waiters, who then see ``discarded``
+
+    def join_next(self, hold: bool) -> None:
+        """The user went on with this turn's question after its reply began.
+
+        The reply (cancelled by the caller) leaves the conversation; with ``hold`` the turn's
+        speech is held to be answered with the next turn's, as one question.
+        """
+        self.joins_next, self.hold_speech = True, hold
 
     def wait(self, cancel: threading.Event) -> bool:
         """Block until confirmed (True) or discarded / cancelled first (False)."""

@@ -30,6 +30,7 @@ OLD_CANCEL_WORDS = {
     "SPEAKER_LOST": "speaker lost",
     "MICROPHONE_LOST": "microphone lost",
     "LLM_SERVER_LOST": "llm server lost",
+    "CONTINUED": "continued",  # new with full duplex: the question went on over its reply
 }
 
 

@@ -6,22 +6,19 @@ is loud, a scripted Smart Turn answers the probabilities it is given, and the re
 turn them into events for the real :class:`~assistant.turns.engine.TurnEngine`, called the way
 the live loop calls it (:meth:`mic_block` for every block, :meth:`handle` for every event).
 The test plays the other threads' part at scripted times: the reply's first audio
-(``claim_audio``), its work ending (``ended``), the microphone lost.
+(``claim_audio``), its work ending (``ended``), the microphone lost. The timeline is
+``tests/helpers/timeline.py``; the rules of speech over a reply (full duplex) are in
+``test_full_duplex_turns.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import numpy as np
 import pytest
 
-from assistant.config.sections import TurnOptions, VadOptions
+from assistant.config.sections import VadOptions
 from assistant.events import (
     CancelReason,
     DiscardReason,
-    Event,
     SpeculationConfirmed,
     SpeechEnded,
     SpeechOnset,
@@ -31,121 +28,20 @@ from assistant.events import (
     TurnCancelled,
     TurnDecision,
 )
-from assistant.stages.endpoint import SmartTurnPolicy
-from assistant.stages.smart_turn import TurnScore
-from assistant.stages.vad import CHUNK_MS, CHUNK_NS, CHUNK_SAMPLES, Endpointer
 from assistant.turns.engine import (
-    Action,
     BargeIn,
     Cancel,
     Confirm,
     Discard,
     Emit,
     MicBlock,
+    PauseReply,
     Start,
     StopSpeaker,
     TurnEngine,
     TurnRules,
 )
-
-LOUD, QUIET = 0.5, 0.0
-
-
-class LoudnessVad:
-    """A VAD that calls a chunk speech when it is loud (the timeline writes loud speech)."""
-
-    def __call__(self, chunk: np.ndarray) -> float:
-        return 1.0 if float(np.abs(chunk).max()) > 0.1 else 0.0
-
-    def reset(self) -> None:
-        """Nothing to forget."""
-
-
-@dataclass
-class ScriptedTurnModel:
-    """Smart Turn's stand-in: answers the next scripted probability (the last one repeats)."""
-
-    probabilities: list[float]
-    inference_ms: float = 50.0
-    scored: list[float] = field(default_factory=list)  # audio seconds of each call
-
-    def score(self, audio: np.ndarray) -> TurnScore:
-        self.scored.append(audio.size / 16000)
-        p = self.probabilities[min(len(self.scored) - 1, len(self.probabilities) - 1)]
-        return TurnScore(p, self.inference_ms)
-
-
-@dataclass
-class Script:
-    """Runs a timeline through the endpointer and the engine; records what happened when."""
-
-    rules: TurnRules = field(default_factory=TurnRules)
-    probabilities: list[float] = field(default_factory=lambda: [0.9])
-    vad: VadOptions = field(default_factory=VadOptions)
-    turn: TurnOptions = field(default_factory=TurnOptions)
-    closed: bool = False
-
-    def __post_init__(self) -> None:
-        self.model = ScriptedTurnModel(self.probabilities)
-        policy = SmartTurnPolicy(self.model, self.turn)  # type: ignore[arg-type]
-        self.endpointer = Endpointer(self.vad, LoudnessVad(), policy, self.turn.speculate_after_ms)  # type: ignore[arg-type]
-        self.engine = TurnEngine(self.rules)
-        self.t_ns = 0
-        self.events: list[Event] = []
-        self.actions: list[tuple[int, Action]] = []  # (ms, action)
-        self.blocks: list[MicBlock] = []
-        self.at: dict[int, Callable[[], None]] = {}  # chunk index -> what another thread does then
-
-    @property
-    def ms(self) -> int:
-        return self.t_ns // 1_000_000
-
-    def _apply(self, actions: list[Action]) -> None:
-        self.actions += [(self.ms, a) for a in actions]
-
-    def speak(self, ms: float) -> Script:
-        return self._play(ms, LOUD)
-
-    def pause(self, ms: float) -> Script:
-        return self._play(ms, QUIET)
-
-    def _play(self, ms: float, level: float) -> Script:
-        for _ in range(round(ms / CHUNK_MS)):
-            self.t_ns += CHUNK_NS
-            decision = self.engine.mic_block(self.closed)
-            self.blocks.append(decision)
-            if decision is MicBlock.IGNORE:
-                continue
-            if decision is MicBlock.RESTART:
-                self.endpointer.reset()
-                continue
-            if decision is MicBlock.FEED_SEALED:
-                self.endpointer.seal()
-            for event in self.endpointer.feed(np.full(CHUNK_SAMPLES, level, np.float32), self.t_ns):
-                self.events.append(event)
-                self._apply(self.engine.handle(event, self.t_ns))
-        return self
-
-    # What the other threads do
-
-    def plays(self, attempt: int) -> bool:
-        """The reply's TTS thread asks to play its first piece."""
-        return self.engine.claim_audio(attempt)
-
-    def ends(self, attempt: int) -> None:
-        """The attempt's thread returns."""
-        self.engine.ended(attempt)
-
-    # Reading the result
-
-    def of(self, kind: type) -> list:
-        return [a for _, a in self.actions if isinstance(a, kind)]
-
-    def event_kinds(self) -> list[str]:
-        return [type(e).__name__ for e in self.events]
-
-    def when(self, kind: type) -> list[int]:
-        return [ms for ms, a in self.actions if isinstance(a, kind)]
+from tests.helpers.timeline import Script
 
 
 def test_a_finished_question_is_speculated_at_the_pause_and_confirmed_at_the_first_score():
@@ -214,29 +110,36 @@ def test_once_the_reply_plays_the_microphone_is_not_heard_and_new_speech_is_a_ne
 
 
 def test_with_barge_in_speech_over_the_reply_stops_it_and_becomes_the_next_turn():
-    s = Script(rules=TurnRules(barge_in=True)).speak(1000).pause(400)
+    s = Script(rules=TurnRules(barge_in="on")).speak(1000).pause(400)
     first = s.of(Start)[0]
     assert s.plays(first.attempt)
-    s.speak(200)
-    (barge,) = s.of(BargeIn)
+    s.pause(2000).speak(600)  # after the continuation window
     onset = next(e for e in s.events if isinstance(e, SpeechOnset) and e.turn_id == 2)
-    assert barge == BargeIn(first.attempt, 1, onset.onset_t_ns)
-    assert s.when(BargeIn)[0] - onset.onset_t_ns / 1e6 <= 200  # within 200 ms of the first speech
-    assert s.of(StopSpeaker) and not s.plays(first.attempt)  # no further piece plays
+    (paused,) = s.of(PauseReply)
+    assert paused == PauseReply(first.attempt, 1, onset.onset_t_ns, 2)
+    assert s.when(PauseReply)[0] - onset.onset_t_ns / 1e6 <= 200  # within 200 ms of the first speech
+    assert not s.of(BargeIn) and not s.of(Start)[1:]  # nothing decided before its words
+    s.pause(300)
+    assert s.judged("What about Germany?")[1:3] == [
+        BargeIn(first.attempt, 1, onset.onset_t_ns, s.when(PauseReply)[0] * 1_000_000),
+        StopSpeaker(),
+    ]
+    assert not s.plays(first.attempt)  # no further piece plays
+    # Its end came while it was judged: the answer starts now, confirmed.
+    assert s.of(Start)[-1].turn_id == 2 and s.of(Start)[-1].confirmed
     s.ends(first.attempt)
-    s.speak(400).pause(600)
-    assert s.of(Start)[-1].turn_id == 2
 
 
-@pytest.mark.parametrize("barge_in", [False, True])
+@pytest.mark.parametrize("barge_in", ["off", "on"])
 def test_speech_rejoining_a_turn_whose_reply_just_started_playing_never_discards_it(barge_in):
     """The race the floor lock decides: the block was fed as the open turn's, then the reply played."""
     engine = TurnEngine(TurnRules(barge_in=barge_in))
     (start,) = engine.handle(SpeechEnded(1, 10, 5), now_ns=10)
-    assert isinstance(start, Start) and engine.claim_audio(start.attempt)
+    assert isinstance(start, Start) and engine.claim_audio(start.attempt, 10)
     actions = engine.handle(SpeechResumed(1, 20, after_endpoint=True), now_ns=20)
     assert not [a for a in actions if isinstance(a, Discard)]  # what played stays played
-    assert actions == ([BargeIn(start.attempt, 1, 20), StopSpeaker()] if barge_in else [])
+    # With barge-in the reply is held while the speech is judged; it is the turn's own rest.
+    assert actions == ([PauseReply(start.attempt, 1, 20, 1)] if barge_in == "on" else [])
 
 
 def test_a_turn_cut_for_length_drops_its_speculation_and_is_only_held():
@@ -297,7 +200,7 @@ def test_typed_turns_are_confirmed_and_interrupt_cancels_every_run_and_the_speak
     a, b = engine.submit(1, "hi"), engine.submit(2, "there")
     assert a.confirmed and b.confirmed and a.attempt != b.attempt and engine.busy()
     assert engine.interrupt() == [Cancel(a.attempt), Cancel(b.attempt), StopSpeaker()]
-    assert not engine.claim_audio(a.attempt)
+    assert not engine.claim_audio(a.attempt, 0)
     engine.ended(a.attempt)
     engine.ended(b.attempt)
     assert not engine.busy() and not engine.speaking()
@@ -306,6 +209,6 @@ def test_typed_turns_are_confirmed_and_interrupt_cancels_every_run_and_the_speak
 def test_speech_started_does_not_interrupt_without_barge_in():
     engine = TurnEngine()
     start = engine.submit(1, "hi")
-    assert engine.claim_audio(start.attempt) and engine.speaking()
+    assert engine.claim_audio(start.attempt, 0) and engine.speaking()
     assert engine.handle(SpeechStarted(2, 5), 6) == []
     assert engine.handle(SpeechOnset(2, 5, 4), 6) == []

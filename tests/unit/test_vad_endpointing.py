@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from assistant.events import SpeechEnded, SpeechOnset, SpeechPaused, SpeechStarted, TurnDecision
+from assistant.events import OnsetEnded, SpeechEnded, SpeechOnset, SpeechPaused, SpeechStarted, TurnDecision
 from assistant.stages.vad import CHUNK_NS, SAMPLE_RATE_HZ, Endpointer, VadOptions
 from bench.speech import silence, speak
 
@@ -15,10 +15,11 @@ NS_PER_SAMPLE = 1e9 / SAMPLE_RATE_HZ
 def run(endpointer: Endpointer, audio: np.ndarray, block: int = 512, t0_ns: int = 10**12):
     """Turn events of ``audio`` fed in blocks as a capture callback would.
 
-    Onsets, pauses and the fixed-silence decision are left out (``test_turn_taking`` has them).
+    Onsets (and their end, when too short for a turn), pauses and the fixed-silence decision are
+    left out (``test_turn_taking`` and ``test_turn_engine`` have them).
     """
     events = endpointer.feed_recording(audio, t0_ns, block)
-    return [e for e in events if not isinstance(e, SpeechOnset | SpeechPaused | TurnDecision)]
+    return [e for e in events if not isinstance(e, SpeechOnset | OnsetEnded | SpeechPaused | TurnDecision)]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,9 @@ def test_a_40_second_monologue_is_cut_into_turns_and_nothing_is_lost(tmp_path):
 
 def test_a_short_click_is_not_a_turn(question):
     click = question[int(0.3 * SAMPLE_RATE_HZ) : int(0.42 * SAMPLE_RATE_HZ)]  # 120 ms of speech
-    events = run(Endpointer(VadOptions(min_speech_ms=250)), np.concatenate([silence(1), click, silence(1)]))
-    assert events == []
+    endpointer = Endpointer(VadOptions(min_speech_ms=250))
+    all_events = endpointer.feed_recording(np.concatenate([silence(1), click, silence(1)]), 10**12)
+    assert [type(e) for e in all_events] == [SpeechOnset, OnsetEnded]  # heard, and over: no turn
 
 
 def test_speech_onset_comes_early_and_names_the_turn_it_becomes(question):

@@ -1,0 +1,137 @@
+"""The microphone as the turn engine hears it: echo-cancelled, and whether it can be heard over replies.
+
+:class:`Duplex` sits between the microphone and the endpointer on the capture thread. It hands
+the echo canceller (:mod:`assistant.stages.echo`) what the speaker played (the speaker's
+callback appends each block with the time it leaves the speaker to ``Speaker.far_end``) and
+each microphone block with the time it was captured, and passes on the cancelled signal.
+Once the canceller has converged it is *full duplex*: the microphone is heard while replies
+play. Until then, or without a canceller, it is half duplex and the turn engine gates the
+microphone during replies. Each change is reported as an :class:`~assistant.events.EchoState`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from assistant.events import EchoState, Event
+from assistant.stages.audio import SAMPLE_RATE_HZ, Microphone, Speaker, resample
+from assistant.stages.echo import EchoCanceller, EchoStats
+
+logger = logging.getLogger(__name__)
+
+FAR_END_BLOCKS = 400  # speaker blocks kept for the capture thread (seconds of audio)
+CHECK_EVERY_BLOCKS = 5  # how often the canceller's convergence is looked at
+PROBE_S = 0.5
+PROBE_DBFS = -24.0
+
+
+def probe_signal(seconds: float = PROBE_S, dbfs: float = PROBE_DBFS) -> np.ndarray:
+    """A soft hiss (pink-ish noise, faded in and out) that the canceller converges on."""
+    rng = np.random.default_rng(7)
+    n = int(seconds * SAMPLE_RATE_HZ)
+    white = rng.standard_normal(n)
+    spectrum = np.fft.rfft(white) / np.sqrt(np.maximum(np.arange(n // 2 + 1), 1))  # 1/f power
+    noise = np.fft.irfft(spectrum, n)
+    noise *= 10 ** (dbfs / 20) / max(float(np.sqrt(np.mean(noise**2))), 1e-9)
+    fade = np.minimum(1.0, np.minimum(np.arange(n), np.arange(n)[::-1]) / (0.02 * SAMPLE_RATE_HZ))
+    return (noise * fade).astype(np.float32)
+
+
+class Duplex:
+    """Echo cancellation on the capture path, and whether the microphone is heard over replies.
+
+    Args:
+        canceller: The echo canceller, or ``None`` (half duplex: ``reason`` says why).
+        reason: Why there is no canceller, or that there is one (for the status bar).
+        speaker: The speaker whose playback is the far end (``None``: nothing to cancel).
+        microphone: The microphone (its input latency places each block in time).
+        emit: Where :class:`EchoState` changes go.
+        probe: Play :func:`probe_signal` at :meth:`start` so the canceller converges early.
+    """
+
+    def __init__(
+        self,
+        canceller: EchoCanceller | None,
+        reason: str,
+        speaker: Speaker | None,
+        microphone: Microphone | None,
+        emit: Callable[[Event], None],
+        probe: bool = True,
+    ) -> None:
+        self.canceller = canceller if speaker is not None else None
+        self.reason = reason if speaker is not None or canceller is None else "no speaker: nothing to cancel"
+        self.speaker = speaker
+        self.microphone = microphone
+        self.emit = emit
+        self.probe = probe
+        self.full_duplex = False
+        self._blocks = 0
+        if self.canceller is not None and speaker is not None:
+            speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
+
+    def start(self) -> None:
+        """Report the mode; with a canceller, play the probe so that it converges before a reply."""
+        if self.canceller is None:
+            self.emit(EchoState(0, _now(), False, f"half duplex: {self.reason}"))
+            return
+        self.emit(EchoState(0, _now(), False, "half duplex until echo cancellation converges"))
+        if self.probe and self.speaker is not None:
+            try:
+                self.speaker.play(0, probe_signal())
+            except Exception as e:  # a lost speaker: the first reply converges it instead
+                logger.info("echo probe not played: %s", e)
+
+    def stats(self) -> EchoStats | None:
+        """The canceller's ERLE, delay and convergence so far (``None`` without one)."""
+        return self.canceller.stats() if self.canceller is not None else None
+
+    def report(self) -> tuple[float | None, float | None]:
+        """(ERLE dB, echo delay ms) now: over the reply that just played."""
+        stats = self.stats()
+        return (stats.erle_db, stats.delay_ms) if stats is not None else (None, None)
+
+    def clean(self, samples: np.ndarray, t_ns: int) -> tuple[np.ndarray, int]:
+        """The microphone block without the speaker's echo, and the time of its last sample.
+
+        ``t_ns`` is when the block's last sample was delivered. The cancelled signal runs up to
+        10 ms behind (whole 10 ms frames only); the time returned is its own last sample's.
+        """
+        canceller = self.canceller
+        if canceller is None:
+            return samples, t_ns
+        self._feed_far_end()
+        mic_latency = self.microphone.input_latency_ns if self.microphone is not None else 0
+        first_ns = t_ns - int((samples.size - 1) * 1e9 / SAMPLE_RATE_HZ) - mic_latency
+        out = canceller.process(samples, first_ns)
+        behind_ns = int(canceller.pending_samples * 1e9 / SAMPLE_RATE_HZ)
+        self._blocks += 1
+        if self._blocks % CHECK_EVERY_BLOCKS == 0:
+            self._check()
+        return out, t_ns - behind_ns
+
+    def _feed_far_end(self) -> None:
+        assert self.speaker is not None and self.speaker.far_end is not None and self.canceller is not None
+        far, rate = self.speaker.far_end, self.speaker.rate_hz
+        while far:
+            block, t_ns = far.popleft()
+            self.canceller.play(resample(block, rate, SAMPLE_RATE_HZ), t_ns)
+
+    def _check(self) -> None:
+        stats = self.stats()
+        if stats is None or self.full_duplex or not stats.converged:
+            return
+        self.full_duplex = True
+        erle = f"ERLE {stats.erle_db:.0f} dB" if stats.erle_db is not None else "no echo"
+        delay = f", echo delay {stats.delay_ms:.0f} ms" if stats.delay_ms is not None else ""
+        reason = f"full duplex: echo cancelled ({erle}{delay})"
+        logger.info("%s", reason)
+        self.emit(EchoState(0, _now(), True, reason, stats.erle_db, stats.delay_ms))
+
+
+def _now() -> int:
+    return time.monotonic_ns()

@@ -1,0 +1,212 @@
+"""Speech over a playing reply (full duplex), driven by scripted timelines: milliseconds, no devices.
+
+The real endpointer, Smart Turn policy and turn engine (``tests/helpers/timeline.py``), with
+``echo_ok`` set as the live loop sets it once echo cancellation has converged. The judge
+thread's part (the transcript of the speech over the reply) is played by ``Script.judged``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from assistant.events import OverlapHeard, OverlapVerdict, ReplyResumed, SpeechOnset, SpeechResumed
+from assistant.turns.engine import (
+    BargeIn,
+    Confirm,
+    ContinueTurn,
+    Discard,
+    Emit,
+    Judge,
+    MicBlock,
+    PauseReply,
+    ResumeReply,
+    Start,
+    StopSpeaker,
+    TurnRules,
+)
+from assistant.turns.overlap import judge, starts_with_stop
+from tests.helpers.timeline import Script
+
+
+def replying(
+    rules: TurnRules | None = None,
+    echo_ok: bool = True,
+    after_ms: float = 0,
+    scores: tuple[float, ...] = (0.9,),
+) -> tuple[Script, Start]:
+    """A question answered, its reply's first audio playing, then ``after_ms`` of the reply.
+
+    ``scores``: Smart Turn's answers, the question's first (0.9: it is finished).
+    """
+    s = Script(rules=rules or TurnRules(), probabilities=list(scores))
+    s.engine.echo_ok = echo_ok
+    s.speak(1000).pause(400)
+    first = s.of(Start)[0]
+    assert s.plays(first.attempt)
+    if after_ms:
+        s.pause(after_ms)
+    return s, first
+
+
+def verdicts(s: Script) -> list[OverlapVerdict]:
+    return [a.event.verdict for a in s.of(Emit) if isinstance(a.event, OverlapHeard)]
+
+
+def test_in_full_duplex_the_microphone_is_heard_over_the_reply_and_gated_without_it():
+    s, _ = replying(echo_ok=True)
+    s.speak(64)
+    assert s.blocks[-1] is MicBlock.FEED_SEALED  # heard: new speech is a new turn
+    gated, _ = replying(echo_ok=False)
+    gated.speak(64)
+    assert gated.blocks[-1] is MicBlock.IGNORE  # half duplex: not heard while the reply plays
+
+
+def test_speech_over_the_reply_pauses_it_within_200_ms_of_its_onset_and_decides_nothing_yet():
+    s, first = replying()
+    s.speak(300)
+    onset = next(e for e in s.events if isinstance(e, SpeechOnset) and e.turn_id == 2)
+    assert s.of(PauseReply) == [PauseReply(first.attempt, 1, onset.onset_t_ns, 2)]
+    assert s.when(PauseReply)[0] - onset.onset_t_ns / 1e6 <= 200
+    assert not s.of(BargeIn) and not s.of(ContinueTurn) and len(s.of(Start)) == 1
+
+
+def test_a_backchannel_resumes_the_reply_and_never_becomes_a_turn():
+    s, first = replying(after_ms=2000)
+    s.speak(400).pause(300)
+    (asked,) = s.of(Judge)
+    assert asked.turn_id == 2
+    actions = s.judged("Mm-hmm.")
+    assert ResumeReply(first.attempt) in actions and not s.of(StopSpeaker)
+    assert any(isinstance(a, Emit) and isinstance(a.event, ReplyResumed) for a in actions)
+    s.pause(800)  # its end comes: nothing to answer
+    assert len(s.of(Start)) == 1 and verdicts(s) == [OverlapVerdict.BACKCHANNEL]
+    assert s.plays(first.attempt)  # the reply goes on
+
+
+def test_a_cough_too_short_for_a_turn_resumes_the_reply_without_a_transcript():
+    s, first = replying(after_ms=500)
+    s.speak(160).pause(600)  # an onset, never a turn (min_speech_ms 250)
+    assert s.of(PauseReply) and s.of(ResumeReply) == [ResumeReply(first.attempt)]
+    assert not s.of(Judge) and verdicts(s) == [OverlapVerdict.NOISE] and len(s.of(Start)) == 1
+
+
+def test_stop_stops_the_reply_and_nothing_is_answered():
+    s, first = replying(after_ms=2500)
+    s.speak(400).pause(300)
+    actions = s.judged("Stop.")
+    barge = actions[1]
+    assert isinstance(barge, BargeIn) and actions[1:] == [
+        BargeIn(first.attempt, 1, barge.onset_t_ns, barge.paused_t_ns),
+        StopSpeaker(),
+    ]
+    s.ends(first.attempt)
+    s.pause(800)
+    assert len(s.of(Start)) == 1 and verdicts(s) == [OverlapVerdict.STOP]
+
+
+def test_the_rest_of_the_question_soon_after_the_reply_began_continues_the_turn():
+    """ "I would like to know" ... reply starts ... "how many days are in a week": one question."""
+    s, first = replying(after_ms=300)
+    s.speak(900).pause(140)  # its first pause: judged there
+    s.judged("how many days are in a week")
+    assert s.of(ContinueTurn) == [ContinueTurn(first.attempt, hold=True)] and s.of(StopSpeaker)
+    assert not s.of(BargeIn) and verdicts(s) == [OverlapVerdict.CONTINUATION]
+    assert not s.plays(first.attempt)  # the reply to half the question plays no more
+    s.ends(first.attempt)
+    s.pause(600)
+    answer = s.of(Start)[-1]
+    assert answer.turn_id == 2 and (answer.confirmed or Confirm(answer.attempt) in s.of(Confirm))
+
+
+def test_words_after_the_continuation_window_are_a_barge_in_and_the_next_turn():
+    s, first = replying(rules=TurnRules(continuation_ms=1800), after_ms=2000)
+    s.speak(900).pause(300)
+    s.judged("what about germany")
+    assert [a.attempt for a in s.of(BargeIn)] == [first.attempt] and not s.of(ContinueTurn)
+    assert verdicts(s) == [OverlapVerdict.BARGE_IN] and s.of(Start)[-1].turn_id == 2
+
+
+def test_words_opening_with_stop_within_the_window_interrupt_rather_than_continue():
+    s, first = replying(after_ms=300)
+    s.speak(900).pause(300)
+    s.judged("Stop. What is the capital of Germany?")
+    assert s.of(BargeIn) and not s.of(ContinueTurn) and s.of(Start)[-1].turn_id == 2
+
+
+def test_with_barge_in_off_speech_over_the_reply_is_heard_and_answered_after_it():
+    s, first = replying(rules=TurnRules(barge_in="off"))
+    s.speak(900).pause(600)
+    assert not s.of(PauseReply) and not s.of(Judge) and not s.of(BargeIn)
+    assert s.of(Start)[-1].turn_id == 2  # never dropped: it waits for the reply (the live loop's order)
+
+
+def test_words_after_a_backchannel_hold_the_reply_again_and_are_judged_whole():
+    s, first = replying(after_ms=2000, scores=(0.9, 0.1, 0.1, 0.9))
+    s.speak(400).pause(160)  # a pause (judged), not the end of the turn
+    s.judged("Yeah.")
+    assert s.of(ResumeReply)
+    s.speak(800)
+    assert any(isinstance(e, SpeechResumed) and e.turn_id == 2 for e in s.events)
+    assert len(s.of(PauseReply)) == 2  # held again
+    s.pause(300)
+    assert len(s.of(Judge)) == 2
+    s.judged("yeah but what about the moon")
+    assert [a.attempt for a in s.of(BargeIn)] == [first.attempt] and s.of(Start)[-1].turn_id == 2
+
+
+def test_a_no_words_verdict_on_speech_that_went_on_meanwhile_waits_for_the_longer_speech():
+    s, first = replying(after_ms=2000, scores=(0.9, 0.1, 0.1, 0.9))
+    s.speak(400).pause(160)  # judged at this pause...
+    s.speak(600)  # ...while the user goes on
+    assert s.judged("") == []  # stale: no resume, nothing decided
+    assert not s.of(ResumeReply)
+    s.pause(300)
+    assert len(s.of(Judge)) == 2
+
+
+def test_a_lost_microphone_while_the_reply_is_held_lets_it_play_on():
+    s, first = replying(after_ms=2000)
+    s.speak(400)
+    assert s.of(PauseReply)
+    actions = s.engine.microphone_lost(speech_turn=2, held_turns=[], now_ns=s.t_ns)
+    assert ResumeReply(first.attempt) in actions and s.engine.overlap is None
+
+
+def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
+    """After a continuation the same turn's later end starts fresh work (the endpointer joined it)."""
+    s, first = replying(rules=TurnRules(barge_in="on"))
+    actions = s.engine.handle(SpeechResumed(1, s.t_ns, after_endpoint=True), s.t_ns)
+    assert actions == [PauseReply(first.attempt, 1, s.t_ns, 1)]
+    assert not [a for a in actions if isinstance(a, Discard)]
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict"),
+    [
+        ("", OverlapVerdict.NOISE),
+        ("[coughs]", OverlapVerdict.NOISE),
+        (" (clears throat) ", OverlapVerdict.NOISE),
+        ("Mm-hmm.", OverlapVerdict.BACKCHANNEL),
+        ("Uh-huh", OverlapVerdict.BACKCHANNEL),
+        ("Yeah, yeah.", OverlapVerdict.BACKCHANNEL),
+        ("Oh okay.", OverlapVerdict.BACKCHANNEL),
+        ("Right.", OverlapVerdict.BACKCHANNEL),
+        ("Stop!", OverlapVerdict.STOP),
+        ("Wait.", OverlapVerdict.STOP),
+        ("Hold on.", OverlapVerdict.STOP),
+        ("That's enough.", OverlapVerdict.STOP),
+        ("how many days are in a week", OverlapVerdict.BARGE_IN),
+        ("Yeah, but what about Mars?", OverlapVerdict.BARGE_IN),
+        ("Stop. What is the capital of Germany?", OverlapVerdict.BARGE_IN),
+        ("okay okay okay okay okay", OverlapVerdict.BARGE_IN),
+    ],
+)
+def test_what_speech_over_a_reply_is_judged_from_its_words(text: str, verdict: OverlapVerdict) -> None:
+    assert judge(text) is verdict
+
+
+def test_an_interruption_is_recognised_by_its_first_words():
+    assert starts_with_stop("Stop. What is the capital of Germany?")
+    assert starts_with_stop("wait, no, I meant Austria")
+    assert not starts_with_stop("what is the capital of Germany")
+    assert not starts_with_stop("waiting times at the airport")
