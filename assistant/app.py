@@ -19,7 +19,7 @@ from assistant.stages.asr_torch import TorchTranscriber, open_transcriber
 from assistant.stages.audio import Microphone
 from assistant.stages.devices import AudioDeviceError
 from assistant.stages.dialogue import Dialogue
-from assistant.stages.echo import EchoCanceller, echo_canceller
+from assistant.stages.echo import echo_canceller
 from assistant.stages.endpoint import TurnOptions, describe, end_of_turn_policy, with_partials_resolved
 from assistant.stages.llm import load_llm
 from assistant.stages.playback import Speaker
@@ -124,13 +124,7 @@ class Session:
     turn_policy: EndOfTurn | None = None
     settings_vad: VadOptions = field(default_factory=VadOptions)
     settings_turn: TurnOptions = field(default_factory=TurnOptions)
-    echo: EchoCanceller | None = None
-    echo_reason: str = "no audio devices"
-    echo_probe: bool = True
-
-    def duplex(self, emit: Callable[[Event], None]) -> Duplex:
-        """Echo cancellation on the microphone, reporting its mode to ``emit``."""
-        return Duplex(self.echo, self.echo_reason, self.speaker, self.mic, emit, self.echo_probe)
+    duplex: Duplex | None = None  # echo cancellation on the microphone (with a microphone)
 
     def endpointer(self) -> Endpointer:
         """A streaming endpointer with this session's end-of-turn policy."""
@@ -223,8 +217,7 @@ def build_session(
     synthesizer: Synthesizer | PiperSynthesizer | None = None
     policy: EndOfTurn | None = None
     notices: list[str] = []
-    echo: EchoCanceller | None = None
-    echo_reason = "no audio devices"
+    duplex: Duplex | None = None
     if devices:
         step("opening audio devices", 0.02)
         mic, speaker, notice = open_audio(settings)
@@ -233,6 +226,8 @@ def build_session(
     try:
         if mic is not None and speaker is not None:
             echo, echo_reason = echo_canceller(settings.echo)  # "on" and unavailable: raises
+            duplex = Duplex(echo, echo_reason, speaker, mic, settings.echo.probe)
+            duplex.play_probe()  # converges while the models load
         step(f"loading LLM {settings.models.llm}", 0.05)
         decoder, tokenizer = load_llm(
             settings.models,
@@ -300,9 +295,7 @@ def build_session(
         policy,
         settings.vad,
         with_partials_resolved(settings.turn, transcriber.device if transcriber else "cpu"),
-        echo,
-        echo_reason,
-        settings.echo.probe,
+        duplex,
     )
 
 

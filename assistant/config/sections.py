@@ -181,7 +181,7 @@ class EchoOptions:
     over the last ``window_ms`` of far-end audio, what is left of the echo is
     ``converged_below_db`` under the far end and it removed at least ``converged_erle_db``
     (ERLE), or there was no echo to speak of (a headset). ``noise_suppression`` and
-    ``high_pass_filter`` are WebRTC's own stages. ``probe``: play a soft half-second hiss at
+    ``high_pass_filter`` are WebRTC's own stages. ``probe``: play a soft 0.8 s hiss at
     start so the canceller converges before the first reply (full duplex from the first
     question); without it the first reply is gated until it converges.
     """

@@ -283,7 +283,7 @@ def serve_session(
         if session.mic is None or session.speaker is None:
             return run_chat(session.dialogue)
         mic, speaker = session.mic, session.speaker
-        duplex = session.duplex(session.pipeline.emit)
+        duplex = session.duplex
         session.mic = session.speaker = None  # run_live closes them
         endpointer, turn = session.endpointer(), session.settings_turn
         return run_live(session.pipeline, mic, speaker, endpointer, turn, duplex=duplex)

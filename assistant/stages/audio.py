@@ -54,7 +54,9 @@ class Microphone(DeviceStream):
             self.overflows += 1
 
     def start(self) -> None:
-        """Start capturing; a stream that cannot start counts as lost (the watch reopens it)."""
+        """Start capturing (once; again is a no-op); a stream that cannot start counts as lost."""
+        if self.running:
+            return
         self.running = True
         try:
             self._start()

@@ -29,6 +29,9 @@ FAR_ACTIVE_RMS = 10 ** (-50 / 20)  # a far-end frame above -50 dBFS counts as pl
 DELAY_EVERY_FRAMES = 50  # the delay estimate is redone every 0.5 s of far-end audio
 DELAY_SPAN_FRAMES = 100  # over the last 1 s
 DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking over it)
+# Near-end blocks follow each other by their sample count; callback times jitter by tens of
+# ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
+NEAR_GAP_SAMPLES = SAMPLE_RATE_HZ // 10
 
 
 class EchoUnavailable(RuntimeError):
@@ -114,6 +117,7 @@ class EchoCanceller:
         self._far_end = 0  # far-end timeline index one past the newest sample written
         self._pending = np.zeros(0, np.int16)  # near-end samples short of a whole frame
         self._next = 0  # timeline index of the next near-end sample to process
+        self._started = False
         window = max(1, options.window_ms // 10)
         # (in, out, far) energies of the frames while the far end played
         self._energy: deque[tuple[float, float, float]] = deque(maxlen=window)
@@ -164,14 +168,18 @@ class EchoCanceller:
         """Cancel the echo in near-end ``samples`` captured from ``t_ns``; float32 out.
 
         Returns the whole 10 ms frames completed so far: up to 159 samples wait for the next
-        block, so the output runs up to 10 ms behind the input. A block whose time leaves a gap
-        after the previous one starts a new timeline position (what was pending is dropped).
+        block, so the output runs up to 10 ms behind the input. Blocks follow each other by
+        their sample count; one whose time is more than :data:`NEAR_GAP_SAMPLES` off (blocks
+        were dropped) starts a new timeline position (what was pending is dropped).
         """
         pcm = _int16(samples)
         with self._lock:
             start = self._index(t_ns)
-        if len(self._pending) == 0 or abs(start - (self._next + len(self._pending))) > FRAME_SAMPLES:
-            self._pending, self._next = pcm, start
+        expected = self._next + len(self._pending)
+        if self._started and abs(start - expected) <= NEAR_GAP_SAMPLES:
+            start = expected  # contiguous: the clock's jitter is not a gap
+        if not self._started or start != expected:
+            self._pending, self._next, self._started = pcm, start, True
         else:
             self._pending = np.concatenate([self._pending, pcm])
         frames = len(self._pending) // FRAME_SAMPLES

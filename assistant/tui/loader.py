@@ -29,8 +29,9 @@ def make_loop(session: Session, input_wav: Path | None, emit: Callable[[Event], 
     if speaker is None and input_wav is not None and session.synthesizer is not None:
         speaker = FileSink()  # replay without a speaker: the reply is rendered, not played
     endpointer = session.endpointer() if session.mic is not None else None
-    duplex = session.duplex(session.pipeline.emit) if session.mic is not None else None
-    return LiveLoop(session.pipeline, session.mic, speaker, endpointer, emit, session.settings_turn, duplex)
+    return LiveLoop(
+        session.pipeline, session.mic, speaker, endpointer, emit, session.settings_turn, session.duplex
+    )
 
 
 class SessionLoader(threading.Thread):

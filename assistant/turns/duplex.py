@@ -11,6 +11,7 @@ microphone during replies. Each change is reported as an :class:`~assistant.even
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -20,14 +21,17 @@ import numpy as np
 
 from assistant.events import EchoState, Event
 from assistant.stages.audio import SAMPLE_RATE_HZ, Microphone, Speaker, resample
+from assistant.stages.devices import DeviceLostError
 from assistant.stages.echo import EchoCanceller, EchoStats
 
 logger = logging.getLogger(__name__)
 
-FAR_END_BLOCKS = 400  # speaker blocks kept for the capture thread (seconds of audio)
+FAR_END_BLOCKS = 2000  # speaker blocks kept for the capture thread (a minute at 32 ms)
+FAR_LEAD_NS = 1_000_000_000  # far end handed over this far ahead of the microphone block
 CHECK_EVERY_BLOCKS = 5  # how often the canceller's convergence is looked at
-PROBE_S = 0.5
+PROBE_S = 0.8  # the window the convergence is judged on (0.5 s) needs whole far-end frames
 PROBE_DBFS = -24.0
+PROBE_TAIL_NS = 300_000_000  # the probe's echo and room tail, after it left the speaker
 
 
 def probe_signal(seconds: float = PROBE_S, dbfs: float = PROBE_DBFS) -> np.ndarray:
@@ -50,8 +54,8 @@ class Duplex:
         reason: Why there is no canceller, or that there is one (for the status bar).
         speaker: The speaker whose playback is the far end (``None``: nothing to cancel).
         microphone: The microphone (its input latency places each block in time).
-        emit: Where :class:`EchoState` changes go.
-        probe: Play :func:`probe_signal` at :meth:`start` so the canceller converges early.
+        probe: Play :func:`probe_signal` (:meth:`play_probe`, at the latest at :meth:`start`)
+            so the canceller converges before the first reply.
     """
 
     def __init__(
@@ -60,31 +64,56 @@ class Duplex:
         reason: str,
         speaker: Speaker | None,
         microphone: Microphone | None,
-        emit: Callable[[Event], None],
         probe: bool = True,
     ) -> None:
         self.canceller = canceller if speaker is not None else None
         self.reason = reason if speaker is not None or canceller is None else "no speaker: nothing to cancel"
         self.speaker = speaker
         self.microphone = microphone
-        self.emit = emit
-        self.probe = probe
+        self.emit: Callable[[Event], None] = _nowhere
+        self.probe = probe and self.canceller is not None
         self.full_duplex = False
+        self.probe_until_ns = 0  # the microphone hears the probe until then: not the user
         self._blocks = 0
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
 
-    def start(self) -> None:
-        """Report the mode; with a canceller, play the probe so that it converges before a reply."""
-        if self.canceller is None:
-            self.emit(EchoState(0, _now(), False, f"half duplex: {self.reason}"))
+    def play_probe(self) -> None:
+        """Start the microphone and play the probe now (while the models load), once."""
+        if not self.probe or self.probe_until_ns or self.speaker is None:
             return
-        self.emit(EchoState(0, _now(), False, "half duplex until echo cancellation converges"))
-        if self.probe and self.speaker is not None:
-            try:
-                self.speaker.play(0, probe_signal())
-            except Exception as e:  # a lost speaker: the first reply converges it instead
-                logger.info("echo probe not played: %s", e)
+        if self.microphone is not None:
+            self.microphone.start()  # its blocks queue until the capture thread reads them
+        signal = probe_signal()
+        try:
+            self.speaker.play(0, signal)
+        except Exception as e:  # a lost speaker: the first reply converges it instead
+            logger.info("echo probe not played: %s", e)
+            return
+        played_ns = signal.size * 1_000_000_000 // SAMPLE_RATE_HZ
+        ahead_ns = int(self.speaker.output_latency_ms * 1e6) + played_ns
+        self.probe_until_ns = _now() + ahead_ns + PROBE_TAIL_NS
+
+    def start(self, emit: Callable[[Event], None]) -> None:
+        """Report the mode to ``emit`` (and on), and play the probe if it was not played yet.
+
+        The microphone's blocks queued while the models loaded (the probe's echo among them)
+        go through the canceller first, and are dropped: they are not the user's turn.
+        """
+        self.emit = emit
+        if self.canceller is None:
+            emit(EchoState(0, _now(), False, f"half duplex: {self.reason}"))
+            return
+        emit(EchoState(0, _now(), False, "half duplex until echo cancellation converges"))
+        if self.microphone is not None and self.probe_until_ns:
+            with contextlib.suppress(DeviceLostError):  # the capture thread reports it
+                while (block := self.microphone.read(0)) is not None:
+                    self.clean(*block)
+        self.play_probe()
+
+    def probing(self, now_ns: int) -> bool:
+        """Whether the microphone may still hear the start-up probe (so it is not listened to)."""
+        return now_ns < self.probe_until_ns
 
     def stats(self) -> EchoStats | None:
         """The canceller's ERLE, delay and convergence so far (``None`` without one)."""
@@ -104,7 +133,7 @@ class Duplex:
         canceller = self.canceller
         if canceller is None:
             return samples, t_ns
-        self._feed_far_end()
+        self._feed_far_end(until_ns=t_ns + FAR_LEAD_NS)
         mic_latency = self.microphone.input_latency_ns if self.microphone is not None else 0
         first_ns = t_ns - int((samples.size - 1) * 1e9 / SAMPLE_RATE_HZ) - mic_latency
         out = canceller.process(samples, first_ns)
@@ -114,10 +143,15 @@ class Duplex:
             self._check()
         return out, t_ns - behind_ns
 
-    def _feed_far_end(self) -> None:
+    def _feed_far_end(self, until_ns: int) -> None:
+        """Hand the canceller what the speaker played up to ``until_ns``.
+
+        Not further ahead of the microphone than the canceller's far-end history reaches back:
+        a backlog (blocks queued while the models loaded) is caught up in step.
+        """
         assert self.speaker is not None and self.speaker.far_end is not None and self.canceller is not None
         far, rate = self.speaker.far_end, self.speaker.rate_hz
-        while far:
+        while far and far[0][1] <= until_ns:
             block, t_ns = far.popleft()
             self.canceller.play(resample(block, rate, SAMPLE_RATE_HZ), t_ns)
 
@@ -131,6 +165,10 @@ class Duplex:
         reason = f"full duplex: echo cancelled ({erle}{delay})"
         logger.info("%s", reason)
         self.emit(EchoState(0, _now(), True, reason, stats.erle_db, stats.delay_ms))
+
+
+def _nowhere(_event: Event) -> None:
+    """Where events go before :meth:`Duplex.start`."""
 
 
 def _now() -> int:

@@ -130,12 +130,12 @@ class LiveLoop:
         """Start capturing (``stop()`` ends and joins everything)."""
         if self.mic is not None and self.endpointer is not None:
             self.mic.start()
+            if self.duplex is not None:  # before the capture thread: it owns the canceller after
+                self.duplex.start(self.pipeline.emit)
             self.capture_thread.start()
             self.judge_thread.start()
             if self.engine.rules.partials:
                 self.partial_thread.start()
-            if self.duplex is not None:
-                self.duplex.start()
         self.watch.start()
 
     def set_barge_in(self, mode: str) -> None:
@@ -187,9 +187,10 @@ class LiveLoop:
                 level_due_ns = block[1] + 100_000_000
                 rms = float(np.sqrt(np.mean(np.square(block[0])))) if block[0].size else 0.0
                 self.on_level(MicLevel(self.current_turn, block[1], 20 * np.log10(max(rms, 1e-6))))
+            probing = self.duplex is not None and self.duplex.probing(block[1])  # hearing the probe
             with self.floor:
                 self.engine.echo_ok = self.duplex is not None and self.duplex.full_duplex
-                decision = self.engine.mic_block(closed=self.muted or not self.listening)
+                decision = self.engine.mic_block(closed=self.muted or not self.listening or probing)
             if decision is MicBlock.IGNORE:
                 continue
             if decision is MicBlock.RESTART:

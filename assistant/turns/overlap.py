@@ -21,9 +21,12 @@ BACKCHANNELS = frozenset(
         "mm", "mmm", "hmm", "hm", "mhm", "mm hmm", "mm hm", "uh huh", "uh hu", "um hum", "yeah",
         "yes", "yep", "yup", "ok", "okay", "right", "sure", "i see", "got it", "oh", "ah",
         "aha", "cool", "nice", "alright", "all right", "uh", "um", "huh", "wow", "true",
-        "exactly", "indeed", "great", "good",
+        "exactly", "indeed", "great", "good", "thanks", "thank you", "thank you very much",
+        "thank you so much",
     }
 )  # fmt: skip
+# What Whisper writes for a hum or a breath it cannot place (its best-known inventions).
+INVENTED = frozenset({"thanks for watching", "thank you for watching", "you", "bye", "so", "the"})
 # Words that ask the assistant to stop talking, and mean nothing more on their own.
 STOPS = frozenset(
     {
@@ -51,7 +54,7 @@ def judge(text: str) -> OverlapVerdict:
     speech began within the continuation window.
     """
     words = normalise(text)
-    if not words:
+    if not words or words in INVENTED:
         return OverlapVerdict.NOISE
     if words in STOPS or words.replace("'", "") in STOPS:
         return OverlapVerdict.STOP
@@ -77,7 +80,11 @@ def _all_backchannel(words: str) -> bool:
     i = 0
     while i < len(parts):
         pair = " ".join(parts[i : i + 2])
-        if pair in BACKCHANNELS:
+        if " ".join(parts[i : i + 4]) in BACKCHANNELS:
+            i += 4
+        elif " ".join(parts[i : i + 3]) in BACKCHANNELS:
+            i += 3
+        elif pair in BACKCHANNELS:
             i += 2
         elif parts[i] in BACKCHANNELS:
             i += 1

@@ -54,6 +54,7 @@ from store.files import append_line
 logger = logging.getLogger(__name__)
 
 CONTINUATION_GAP_SAMPLES = SAMPLE_RATE_HZ * 3 // 10  # 0.3 s between a question and its rest
+OVERLAP_NO_SPEECH = 0.8  # Whisper's no-speech probability above which speech over a reply had no words
 
 
 class VoicePipeline:
@@ -253,10 +254,14 @@ class VoicePipeline:
             self.emit(PartialTranscript(turn, time.monotonic_ns(), text, 1000 * audio.size / 16000, asr_ms))
 
     def transcribe_overlap(self, turn: int, audio: np.ndarray) -> str:
-        """The words of speech over a reply (greedy: they only decide what the speech was)."""
+        """The words of speech over a reply (greedy: they only decide what the speech was).
+
+        Nothing when Whisper itself doubts there was speech (``no_speech_prob``): a hum or a
+        cough it would otherwise put words to.
+        """
         with self.asr_lock:
             result = self.transcriber.transcribe(audio, quick=True)
-        return result.text.strip()
+        return result.text.strip() if result.no_speech_prob < OVERLAP_NO_SPEECH else ""
 
     def dialogue_reply(self) -> str:
         """The last reply as generated (what a reader saw when nothing is spoken)."""

@@ -191,6 +191,8 @@ def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
         ("Yeah, yeah.", OverlapVerdict.BACKCHANNEL),
         ("Oh okay.", OverlapVerdict.BACKCHANNEL),
         ("Right.", OverlapVerdict.BACKCHANNEL),
+        ("Thank you very much.", OverlapVerdict.BACKCHANNEL),  # also Whisper's guess for a hum
+        ("Thanks for watching!", OverlapVerdict.NOISE),  # Whisper's invention for a breath
         ("Stop!", OverlapVerdict.STOP),
         ("Wait.", OverlapVerdict.STOP),
         ("Hold on.", OverlapVerdict.STOP),
