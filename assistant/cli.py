@@ -167,6 +167,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="the reply's first spoken chunk may end after N words (0: wait for punctuation)",
     )
     g.add_argument(
+        "--echo",
+        dest="echo.enabled",
+        choices=("auto", "on", "off"),
+        help="echo cancellation of the microphone: auto (default: where it loads), on (fail "
+        "without it) or off (half duplex: the microphone is not heard while a reply plays)",
+    )
+    g.add_argument(
         "--barge-in",
         dest="pipeline.barge_in",
         nargs="?",

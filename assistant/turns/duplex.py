@@ -75,6 +75,8 @@ class Duplex:
         self.full_duplex = False
         self.probe_until_ns = 0  # the microphone hears the probe until then: not the user
         self._blocks = 0
+        self._far_frames = 0  # the canceller's count at the last look
+        self._erles: list[float] = []  # ERLE of the windows while the far end played, since report()
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
 
@@ -109,6 +111,7 @@ class Duplex:
             with contextlib.suppress(DeviceLostError):  # the capture thread reports it
                 while (block := self.microphone.read(0)) is not None:
                     self.clean(*block)
+            self._erles = []  # the probe's: not a reply's
         self.play_probe()
 
     def probing(self, now_ns: int) -> bool:
@@ -120,9 +123,15 @@ class Duplex:
         return self.canceller.stats() if self.canceller is not None else None
 
     def report(self) -> tuple[float | None, float | None]:
-        """(ERLE dB, echo delay ms) now: over the reply that just played."""
+        """(ERLE dB, echo delay ms) since the last report: over the reply that just played.
+
+        The ERLE is the median of the canceller's half-second windows while the speaker played
+        (speech over the reply lowers a window's; the median keeps to the echo).
+        """
         stats = self.stats()
-        return (stats.erle_db, stats.delay_ms) if stats is not None else (None, None)
+        erle = float(np.median(self._erles)) if self._erles else None
+        self._erles = []
+        return erle, stats.delay_ms if stats is not None else None
 
     def clean(self, samples: np.ndarray, t_ns: int) -> tuple[np.ndarray, int]:
         """The microphone block without the speaker's echo, and the time of its last sample.
@@ -157,7 +166,12 @@ class Duplex:
 
     def _check(self) -> None:
         stats = self.stats()
-        if stats is None or self.full_duplex or not stats.converged:
+        if stats is None:
+            return
+        if stats.far_frames > self._far_frames and stats.erle_db is not None:
+            self._erles.append(stats.erle_db)  # the far end played since the last look
+        self._far_frames = stats.far_frames
+        if self.full_duplex or not stats.converged:
             return
         self.full_duplex = True
         erle = f"ERLE {stats.erle_db:.0f} dB" if stats.erle_db is not None else "no echo"

@@ -323,7 +323,7 @@ class LiveLoop:
                     return
                 sink = self._sink()
                 if isinstance(start.first, str):
-                    self.pipeline.run_text_turn(start.turn_id, start.first, sink, run.cancel)
+                    self.pipeline.run_text_turn(start.turn_id, start.first, sink, run.cancel, run.gate)
                 else:
                     assert isinstance(start.first, SpeechEnded | SpeechPaused)
                     self.pipeline.run_turn(start.first, sink, run.cancel, run.gate)

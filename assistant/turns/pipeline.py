@@ -169,7 +169,12 @@ class VoicePipeline:
         self.emit(TurnHeld(turn, time.monotonic_ns(), " ".join(held.texts), pending_ms))
 
     def run_text_turn(
-        self, turn: int, text: str, sink: AudioSink | None, cancel: threading.Event
+        self,
+        turn: int,
+        text: str,
+        sink: AudioSink | None,
+        cancel: threading.Event,
+        gate: ReplyGate | None = None,
     ) -> TurnRecord:
         """Answer a typed message: spoken too when ``sink`` is given.
 
@@ -178,7 +183,9 @@ class VoicePipeline:
         """
         self._forget_other_turns(turn)
         self.emit(TranscriptReady(turn, time.monotonic_ns(), text.strip(), 0.0))
-        record = self._answer(turn, text.strip(), sink, cancel, ReplyGate(), time.monotonic_ns())
+        # The live loop's gate asks the turn engine before each piece plays: a typed turn's reply
+        # holds the floor like a spoken one's (the microphone is gated or heard over it alike).
+        record = self._answer(turn, text.strip(), sink, cancel, gate or ReplyGate(), time.monotonic_ns())
         assert record is not None  # a confirmed gate is never discarded
         return record
 

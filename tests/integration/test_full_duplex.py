@@ -1,0 +1,195 @@
+"""Full duplex on the echo rig: the app keeps listening while it speaks, and its own echo is not the user.
+
+The real app (``assistant run --no-tui``), real models and the virtual PulseAudio with the
+speaker fed back into the microphone (60 ms, -13 dB, two reflections: ``bench.echo_rig``). The
+user is espeak-ng played into the microphone on top of the echo. One app run serves the
+spoken scenarios in order (``spoken``); each test checks one behaviour of it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, utterance
+from bench.echo_rig import echo_path
+
+pytest.importorskip("livekit")
+
+LONG_QUESTION = "Tell me about the history of Paris."
+REPLIES_ECHO_ONLY = 20
+AFTER_WINDOW_S = 2.6  # past the 1.8 s continuation window (from the reply's first audio)
+
+
+def typed_replies(pulse: dict[str, str], folder: Path, count: int, *args: str) -> tuple[LiveApp, str]:
+    """``count`` short typed questions answered aloud with the echo path on; nobody speaks."""
+    app = LiveApp(pulse, folder, "--max-new-tokens", "8", *args)
+    try:
+        app.wait_line("listening on")
+        for i in range(count):
+            app.ask(f"Name a colour, number {i + 1}.")
+        deadline = time.monotonic() + 40 + 6 * count
+        while (
+            len([e for e in app.events() if e["event"] == "TurnDone"]) < count and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+    finally:
+        stderr = app.stop()
+    return app, stderr
+
+
+@pytest.fixture(scope="module")
+def echo_only(pulse, tmp_path_factory) -> tuple[LiveApp, str]:
+    with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
+        return typed_replies(pulse, tmp_path_factory.mktemp("echo-only"), REPLIES_ECHO_ONLY)
+
+
+def test_echo_alone_never_interrupts_and_is_never_transcribed(echo_only) -> None:
+    """20 replies play with their echo in the microphone: no barge-in, no word of theirs heard."""
+    app, stderr = echo_only
+    assert any("full duplex" in line for line in app.lines), app.lines  # it was listening
+    events = app.events()
+    done = [e for e in events if e["event"] == "TurnDone"]
+    assert len(done) == REPLIES_ECHO_ONLY, "".join(app.lines) + stderr
+    kinds = {e["event"] for e in events}
+    assert not kinds & {"SpeechStarted", "ReplyPaused", "BargeIn", "OverlapHeard"}, kinds
+    spoken = [
+        e for e in events if e["event"] == "TranscriptReady" and not e["text"].startswith("Name a colour")
+    ]
+    assert spoken == []  # no transcript but the typed questions
+    assert all(r["cancelled"] == "" for r in app.records().values())
+    measured = [e["erle_db"] for e in events if e["event"] == "EchoMeasured" and e["erle_db"] is not None]
+    assert measured and min(measured) > 10, measured
+
+
+@pytest.mark.parametrize("barge_in", ["auto", "on"])
+def test_without_echo_cancellation_the_microphone_is_gated_or_hears_the_echo(
+    pulse, tmp_path, barge_in
+) -> None:
+    """Half duplex: the microphone is gated while replies play (typed ones too), as before.
+
+    Forcing barge-in on without the canceller shows why: the reply pauses for its own echo
+    (the check of the echo-only test above can fail).
+    """
+    with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
+        app, stderr = typed_replies(pulse, tmp_path, 3, "--echo", "off", "--barge-in", barge_in)
+    assert any("half duplex: echo cancellation off" in line for line in app.lines), app.lines
+    kinds = {e["event"] for e in app.events()}
+    if barge_in == "auto":
+        assert not kinds & {"SpeechStarted", "ReplyPaused"}, "".join(app.lines) + stderr
+    else:
+        assert "ReplyPaused" in kinds, "".join(app.lines) + stderr
+
+
+@dataclass
+class Spoken:
+    """What happened in each spoken scenario: its question's turn and its events."""
+
+    app: LiveApp
+    turns: dict[str, int] = field(default_factory=dict)
+    overlap_turns: dict[str, int] = field(default_factory=dict)
+    stderr: str = ""
+
+    def of(self, name: str, scenario: str) -> list[dict]:
+        turn = self.turns[scenario]
+        return [e for e in self.app.events() if e["event"] == name and e["turn_id"] == turn]
+
+
+@pytest.fixture(scope="module")
+def spoken(pulse, tmp_path_factory) -> Spoken:
+    folder = tmp_path_factory.mktemp("spoken")
+    long_q = utterance(folder, LONG_QUESTION, "long")
+    wavs = {
+        "uh-huh": utterance(folder, "Uh-huh.", "uhhuh"),
+        "stop": utterance(folder, "Stop.", "stop"),
+        "germany": utterance(folder, "What is the capital of Germany?", "germany"),
+        "first half": utterance(folder, "I would like to know", "first"),
+        "second half": utterance(folder, "how many days are in a week?", "rest"),
+    }
+    cough = burst(folder)
+    with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
+        app = LiveApp(pulse, folder, "--max-new-tokens", "40")
+        run = Spoken(app)
+        try:
+            app.wait_line("listening on")
+            for scenario, overlap, after_s in (
+                ("backchannel", wavs["uh-huh"], 1.0),
+                ("cough", cough, 1.0),
+                ("stop", wavs["stop"], AFTER_WINDOW_S),
+                ("barge-in", wavs["germany"], AFTER_WINDOW_S),
+            ):
+                mark = len(app.events())
+                app.say(long_q)
+                turn = run.turns[scenario] = next_turn(app, mark)
+                reply_playing(app, turn, mark)
+                time.sleep(after_s)
+                app.say(overlap)
+                app.wait_event("TurnDone", turn, 90, mark)
+                if scenario == "barge-in":
+                    run.overlap_turns[scenario] = next_turn(app, len(app.events()) - 1)
+                    app.wait_event("TurnDone", run.overlap_turns[scenario], 90, mark)
+                time.sleep(1.0)
+            mark = len(app.events())
+            app.say(wavs["first half"])
+            turn = run.turns["continuation"] = next_turn(app, mark)
+            reply_playing(app, turn, mark)
+            time.sleep(0.2)
+            app.say(wavs["second half"])
+            app.wait_event("TurnDone", turn, 90, mark)
+            rest = run.overlap_turns["continuation"] = next_turn(app, len(app.events()) - 1)
+            app.wait_event("TurnDone", rest, 90, mark)
+        finally:
+            run.stderr = app.stop()
+    return run
+
+
+def test_a_backchannel_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
+    assert spoken.of("ReplyPaused", "backchannel"), "".join(spoken.app.lines)
+    (heard,) = spoken.of("OverlapHeard", "backchannel")
+    assert heard["verdict"] in ("backchannel", "no words"), heard
+    assert spoken.of("ReplyResumed", "backchannel") and not spoken.of("BargeIn", "backchannel")
+    record = spoken.app.records()[spoken.turns["backchannel"]]
+    assert record["cancelled"] == "", record  # the reply played to its end
+    assert heard["overlap_turn"] not in spoken.app.records()  # "uh-huh" was not answered
+
+
+def test_a_cough_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
+    assert not spoken.of("BargeIn", "cough")
+    if spoken.of("ReplyPaused", "cough"):  # heard as the start of speech: paused, then resumed
+        assert spoken.of("ReplyResumed", "cough")
+    assert spoken.app.records()[spoken.turns["cough"]]["cancelled"] == ""
+
+
+def test_stop_stops_the_reply_and_is_not_answered(spoken: Spoken) -> None:
+    (heard,) = spoken.of("OverlapHeard", "stop")
+    assert heard["verdict"] == "stop", heard
+    assert spoken.of("BargeIn", "stop")
+    assert spoken.app.records()[spoken.turns["stop"]]["cancelled"] == "interrupted"
+    assert heard["overlap_turn"] not in spoken.app.records()
+
+
+def test_speech_over_the_reply_stops_it_within_200_ms_and_is_answered(spoken: Spoken) -> None:
+    (paused,) = spoken.of("ReplyPaused", "barge-in")
+    reaction_ms = (paused["t_ns"] - paused["onset_t_ns"]) / 1e6
+    assert 0 < reaction_ms <= 200, reaction_ms
+    (barge,) = spoken.of("BargeIn", "barge-in")
+    assert barge["t_ns"] == paused["t_ns"]
+    records = spoken.app.records()
+    assert records[spoken.turns["barge-in"]]["cancelled"] == "interrupted"
+    answer = records[spoken.overlap_turns["barge-in"]]
+    assert "germany" in answer["transcript"].lower() and answer["cancelled"] == "", answer
+
+
+def test_a_question_continued_after_its_reply_began_is_answered_as_one_turn(spoken: Spoken) -> None:
+    """ "I would like to know" ... the reply starts ... "how many days are in a week?" """
+    records = spoken.app.records()
+    first, rest = records[spoken.turns["continuation"]], records[spoken.overlap_turns["continuation"]]
+    assert first["cancelled"] == "continued", first
+    transcript = rest["transcript"].lower()
+    assert "know" in transcript and "week" in transcript, rest  # both halves, one user turn
+    assert rest["cancelled"] == "", rest
+    (heard,) = spoken.of("OverlapHeard", "continuation")
+    assert heard["verdict"] == "continuation"

@@ -1,0 +1,130 @@
+"""The capture path's echo cancellation (``Duplex``): converging on the start-up probe, the mode it reports.
+
+The real WebRTC canceller; the speaker and microphone are stand-ins that hold blocks the way
+the PortAudio callbacks leave them (``Speaker.far_end``, ``Microphone.blocks``), because the
+timing is scripted here. The same path on the virtual sound devices is tested in
+``tests/integration/test_full_duplex.py``.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from assistant.config.sections import EchoOptions
+from assistant.events import EchoState, Event
+from assistant.stages.echo import EchoCanceller, load_processor
+from assistant.turns.duplex import Duplex, probe_signal
+
+pytest.importorskip("livekit")
+
+BLOCK = 512
+BLOCK_NS = BLOCK * 1_000_000_000 // 16000
+
+
+@dataclass
+class ScriptedSpeaker:
+    """Plays nothing: notes what was queued; ``far_end`` is filled by the test."""
+
+    rate_hz: int = 16000
+    output_latency_ms: float = 0.0
+    far_end: deque | None = None
+    played: list[np.ndarray] = field(default_factory=list)
+
+    def play(self, turn_id: int, audio: np.ndarray) -> None:
+        self.played.append(audio)
+
+
+@dataclass
+class ScriptedMicrophone:
+    """Its queue holds what the test captured; started once."""
+
+    blocks: queue.Queue = field(default_factory=queue.Queue)
+    input_latency_ns: int = 0
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+
+    def read(self, timeout_s: float = 0.1) -> tuple[np.ndarray, int] | None:
+        try:
+            return self.blocks.get_nowait()
+        except queue.Empty:
+            return None
+
+
+def room(far: np.ndarray, delay_ms: float = 60, gain_db: float = -13) -> np.ndarray:
+    d = int(delay_ms * 16)
+    out = np.zeros_like(far)
+    out[d:] = 10 ** (gain_db / 20) * far[: len(far) - d]
+    return out
+
+
+def capture(
+    speaker: ScriptedSpeaker, mic: ScriptedMicrophone, far: np.ndarray, near: np.ndarray, t0: int
+) -> None:
+    """The speaker's callback and the microphone's, block by block on one clock."""
+    assert speaker.far_end is not None
+    for i in range(0, len(near) - BLOCK + 1, BLOCK):
+        t = t0 + (i // BLOCK) * BLOCK_NS
+        speaker.far_end.append((far[i : i + BLOCK], t))
+        mic.blocks.put((near[i : i + BLOCK], t + BLOCK_NS))
+
+
+def canceller() -> EchoCanceller:
+    options = EchoOptions()
+    return EchoCanceller(options, load_processor(options))
+
+
+def test_the_probe_converges_the_canceller_before_listening_and_says_full_duplex() -> None:
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=True)  # type: ignore[arg-type]
+    duplex.play_probe()
+    assert mic.starts == 1 and len(speaker.played) == 1 and duplex.probe_until_ns
+    probe = np.concatenate([speaker.played[0], np.zeros(8000, np.float32)])
+    capture(speaker, mic, probe, room(probe), t0=duplex.probe_until_ns - 2_000_000_000)
+    duplex.start(events.append)
+    states = [e for e in events if isinstance(e, EchoState)]
+    assert [s.full_duplex for s in states] == [False, True] and duplex.full_duplex
+    assert "full duplex" in states[-1].reason and states[-1].erle_db is not None and states[-1].erle_db > 10
+    assert mic.blocks.empty() and len(speaker.played) == 1  # caught up, the probe played once
+
+
+def test_without_the_probe_it_stays_half_duplex_until_a_reply_converges_it() -> None:
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    assert not speaker.played and not duplex.full_duplex
+    reply = probe_signal(2.0, -20)
+    assert speaker.far_end is not None
+    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
+        t = 10**12 + (i // BLOCK) * BLOCK_NS
+        speaker.far_end.append((reply[i : i + BLOCK], t))
+        duplex.clean(room(reply)[i : i + BLOCK], t + BLOCK_NS)
+    assert duplex.full_duplex and isinstance(events[-1], EchoState) and events[-1].full_duplex
+    erle, _delay = duplex.report()
+    assert erle is not None and erle > 10 and duplex.report()[0] is None  # per reply: reset
+
+
+def test_without_a_canceller_it_is_half_duplex_with_the_reason_and_passes_the_microphone_on() -> None:
+    events: list[Event] = []
+    duplex = Duplex(None, "echo cancellation needs the livekit package", ScriptedSpeaker(), None)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    assert events == [
+        EchoState(0, events[0].t_ns, False, "half duplex: echo cancellation needs the livekit package")
+    ]
+    block = np.full(BLOCK, 0.1, np.float32)
+    out, t = duplex.clean(block, 123)
+    assert out is block and t == 123 and not duplex.probing(0)
+
+
+def test_while_the_probe_may_be_heard_the_microphone_is_not_the_users() -> None:
+    speaker, mic = ScriptedSpeaker(output_latency_ms=50), ScriptedMicrophone()
+    duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
+    duplex.play_probe()
+    until = duplex.probe_until_ns
+    assert duplex.probing(until - 1) and not duplex.probing(until)
