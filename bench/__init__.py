@@ -25,6 +25,8 @@ BENCHMARKS: dict[str, str] = {
     "asr_torch": "the PyTorch Whisper backend stage by stage, 30 s against a trimmed encoder window",
     "asr_cold": "the PyTorch Whisper backend's first decode calls against repeated ones",
     "echo": "the echo cancellers on the echo rig: ERLE, convergence, double talk, CPU per frame",
+    "duplex": "full duplex on the echo rig: false barge-ins, barge-in reaction, words kept, ERLE",
+    "echo_hardware": "echo cancellation on this machine's own speaker and microphone (a laptop)",
     "startup": "from the command to 'assistant ready' / the first turn, warm caches, two checkouts",
 }
 

@@ -181,7 +181,9 @@ class EchoOptions:
     over the last ``window_ms`` of far-end audio, what is left of the echo is
     ``converged_below_db`` under the far end and it removed at least ``converged_erle_db``
     (ERLE), or there was no echo to speak of (a headset). ``noise_suppression`` and
-    ``high_pass_filter`` are WebRTC's own stages. ``probe``: play a soft 0.8 s hiss at
+    ``high_pass_filter`` are WebRTC's own stages. ``residual_gate_db``: output this far under
+    the loudest far end of the echo's reach is left-over echo and is silenced (0: off).
+    ``probe``: play a soft 0.8 s hiss at
     start so the canceller converges before the first reply (full duplex from the first
     question); without it the first reply is gated until it converges.
     """
@@ -191,6 +193,7 @@ class EchoOptions:
     max_delay_ms: int = field(default=300, metadata=bounds(min=20, max=1000))
     converged_erle_db: float = field(default=10.0, metadata=bounds(min=0.0, max=60.0))
     converged_below_db: float = field(default=30.0, metadata=bounds(min=0.0, max=90.0))
+    residual_gate_db: float = field(default=30.0, metadata=bounds(min=0.0, max=90.0))
     window_ms: int = field(default=500, metadata=bounds(min=100, max=10_000))
     probe: bool = True
     noise_suppression: bool = False

@@ -32,6 +32,7 @@ DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking ove
 # Near-end blocks follow each other by their sample count; callback times jitter by tens of
 # ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
 NEAR_GAP_SAMPLES = SAMPLE_RATE_HZ // 10
+RESIDUAL_TAIL_MS = 100  # the room's tail after the echo's delay, for the residual gate
 
 
 class EchoUnavailable(RuntimeError):
@@ -125,6 +126,9 @@ class EchoCanceller:
         self._delay_far: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
         self._far_frames = 0
         self._delay_ms: float | None = None
+        reach = (options.max_delay_ms + RESIDUAL_TAIL_MS) // 10
+        self._far_recent: deque[float] = deque([0.0], maxlen=max(1, reach))  # far-end power per frame
+        self.gated_frames = 0  # frames silenced as residual echo
 
     def _index(self, t_ns: int) -> int:
         if self._origin_ns is None:
@@ -202,12 +206,31 @@ class EchoCanceller:
         far_f, near_f = far.astype(np.float32) / 32768, near.astype(np.float32) / 32768
         self._delay_near.append(near_f)  # every frame: the lag needs them contiguous
         self._delay_far.append(far_f)
-        if np.sqrt(np.mean(far_f**2)) > FAR_ACTIVE_RMS:
+        far_power = float(np.mean(far_f**2))
+        self._far_recent.append(far_power)
+        if far_power > FAR_ACTIVE_RMS**2:
             self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2)), float(np.sum(far_f**2))))
             self._far_frames += 1
             if self._far_frames % DELAY_EVERY_FRAMES == 0:
                 self._estimate_delay()
-        return out
+        return self._gate_residual(out)
+
+    def _gate_residual(self, out: np.ndarray) -> np.ndarray:
+        """Silence what is left of the echo: output ``residual_gate_db`` under what just played.
+
+        The loudest far-end frame over the echo's reach (``max_delay_ms`` plus a room tail)
+        sets the level; the user's own voice at the microphone is louder than that by far. AEC3
+        leaves a little echo while it adapts to a new signal (the first words of a reply), which
+        the VAD would otherwise take for speech over the reply.
+        """
+        gate_db = self.options.residual_gate_db
+        loudest = max(self._far_recent)
+        if gate_db <= 0 or loudest <= FAR_ACTIVE_RMS**2:
+            return out
+        if float(np.mean(out**2)) >= loudest * 10 ** (-gate_db / 10):
+            return out
+        self.gated_frames += 1
+        return np.zeros_like(out)
 
     def _estimate_delay(self) -> None:
         """The lag of the strongest normalized correlation of microphone and far end, if strong."""

@@ -98,7 +98,7 @@ def test_a_far_end_that_is_not_lined_up_in_time_cancels_less() -> None:
     """
     far = speechlike(6, seed=1)
     near = echo_of(far, 60, -13)
-    canceller = make()
+    canceller = make(residual_gate_db=0)  # the linear canceller alone (the gate would hide it)
     out = []
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
@@ -165,3 +165,21 @@ def test_bad_mode_is_refused() -> None:
     """``[echo] enabled`` takes auto, on or off."""
     with pytest.raises(ValueError, match="auto, on, off"):
         EchoOptions(enabled="yes")
+
+
+def test_left_over_echo_is_silenced_and_the_users_voice_over_the_reply_is_not() -> None:
+    """The residual gate: echo-only frames come out silent, a voice as loud as the reply passes."""
+    far = speechlike(6, seed=1)
+    user = np.zeros_like(far)
+    user[4 * SAMPLE_RATE_HZ : 5 * SAMPLE_RATE_HZ] = speechlike(1, seed=9)  # the user, 4-5 s
+    canceller = make(residual_gate_db=30)
+    out = run(canceller, far, echo_of(far, 60, -13) + user)
+    echo_only = slice(int(1.5 * SAMPLE_RATE_HZ), 4 * SAMPLE_RATE_HZ - 2000)
+    assert canceller.gated_frames > 0 and np.count_nonzero(out[echo_only]) < 0.1 * out[echo_only].size
+    talking = slice(4 * SAMPLE_RATE_HZ + 2000, 5 * SAMPLE_RATE_HZ - 2000)
+    assert energy_db(out[talking]) > energy_db(user[talking]) - 10  # double talk: kept (AEC3 dents it)
+    ungated = make(residual_gate_db=0)
+    assert (
+        np.count_nonzero(run(ungated, far, echo_of(far, 60, -13) + user)[echo_only])
+        > 0.5 * out[echo_only].size
+    )
