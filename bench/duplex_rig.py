@@ -135,3 +135,18 @@ def reply_playing(app: LiveApp, turn: int, after: int = 0, timeout_s: float = 12
 def next_turn(app: LiveApp, after: int, timeout_s: float = 120) -> int:
     """The turn of the next ``TranscriptReady`` logged at or after index ``after``."""
     return int(app.wait_event("TranscriptReady", None, timeout_s, after)["turn_id"])
+
+
+def settle(app: LiveApp, quiet_s: float = 1.5, timeout_s: float = 120) -> None:
+    """Wait until every turn transcribed so far is done and nothing was logged for ``quiet_s``."""
+    deadline = time.monotonic() + timeout_s
+    count, since = -1, time.monotonic()
+    while time.monotonic() < deadline and app.proc.poll() is None:
+        events = app.events()
+        heard = {e["turn_id"] for e in events if e["event"] == "TranscriptReady"}
+        done = {e["turn_id"] for e in events if e["event"] == "TurnDone"}
+        if len(events) != count:
+            count, since = len(events), time.monotonic()
+        elif heard <= done and time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.1)

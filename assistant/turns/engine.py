@@ -83,7 +83,8 @@ class TurnRules:
     ``barge_in``: whether user speech may interrupt a reply being played: ``auto`` while echo
     cancellation has converged (full duplex), ``on`` always (headsets: the microphone is heard
     during replies even without echo cancellation), ``off`` never. ``continuation_ms``: words
-    over the reply that begin this soon after its first audio continue the question.
+    over the reply that begin this soon after its first audio continue the question; speech
+    over the reply shorter than ``min_words_ms`` only stops it when it says stop.
     ``speculate``: start the turn's work at a pause. ``partials``: transcribe the utterance in
     progress every ``partial_interval_ms`` of speech for the live transcript.
     """
@@ -93,6 +94,7 @@ class TurnRules:
     partials: bool = False
     partial_interval_ms: float = 700.0
     continuation_ms: float = 1800.0
+    min_words_ms: float = 500.0
 
     def __post_init__(self) -> None:
         if self.barge_in not in BARGE_IN_MODES:
@@ -209,6 +211,11 @@ class TurnEngine:
             return []
         ov.judging = False
         verdict = judge(text)
+        spoken_ms = _spoken_ms(ov)
+        if verdict is OverlapVerdict.BARGE_IN and spoken_ms < self.rules.min_words_ms:
+            verdict = OverlapVerdict.NOISE  # too short to take the floor (Whisper guesses at a hum)
+        if isinstance(ov.pending, SpeechEnded) and verdict is not OverlapVerdict.BARGE_IN:
+            self.overlap = None  # it is over already: the next speech over a reply is new
         attempt = self._find(ov.attempt)
         live = attempt if attempt is not None and not attempt.cancelled else None
         heard = Emit(OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), verdict))
@@ -367,3 +374,9 @@ class TurnEngine:
 
     def _find(self, attempt_id: int) -> Attempt | None:
         return next((a for a in self.attempts if a.id == attempt_id), None)
+
+
+def _spoken_ms(ov: Overlap) -> float:
+    """How long the speech over the reply lasted, onset to its last speech sample so far."""
+    end = ov.pending.speech_end_t_ns if isinstance(ov.pending, SpeechPaused | SpeechEnded) else 0
+    return max(0.0, (end - ov.onset_t_ns) / 1e6)

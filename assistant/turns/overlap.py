@@ -18,7 +18,7 @@ from assistant.events import OverlapVerdict
 # punctuation, hyphens as spaces). Whisper writes "mm-hmm" as "Mm-hmm.", "Mhm.", "Hmm." ...
 BACKCHANNELS = frozenset(
     {
-        "mm", "mmm", "hmm", "hm", "mhm", "mm hmm", "mm hm", "uh huh", "uh hu", "um hum", "yeah",
+        "mm", "mmm", "hmm", "hm", "mhm", "mm hmm", "mm hm", "uh huh", "uh hu", "uh uh", "um hum", "yeah",
         "yes", "yep", "yup", "ok", "okay", "right", "sure", "i see", "got it", "oh", "ah",
         "aha", "cool", "nice", "alright", "all right", "uh", "um", "huh", "wow", "true",
         "exactly", "indeed", "great", "good", "thanks", "thank you", "thank you very much",
@@ -34,6 +34,9 @@ STOPS = frozenset(
         "pause", "cancel", "never mind", "nevermind", "stop talking", "stop it", "no stop",
         "okay stop", "ok stop", "wait wait", "stop stop", "hold on a second", "wait a second",
         "one moment", "just a moment", "thats enough", "that's enough",
+        # "Stop" with its first 100 ms under the reply (paused at its onset): AEC3's suppressor
+        # eats the "s" and tiny.en writes "Top." (measured on the echo rig).
+        "top", "top talking", "top it",
     }
 )  # fmt: skip
 MAX_BACKCHANNEL_WORDS = 4  # "oh okay yeah right": longer is more than listening

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, utterance
+from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, settle, utterance
 from bench.echo_rig import echo_path
 
 pytest.importorskip("livekit")
@@ -120,27 +120,17 @@ def spoken(pulse, tmp_path_factory) -> Spoken:
                 ("cough", cough, 1.0),
                 ("stop", wavs["stop"], AFTER_WINDOW_S),
                 ("barge-in", wavs["germany"], AFTER_WINDOW_S),
+                ("continuation", wavs["second half"], 0.2),
             ):
                 mark = len(app.events())
-                app.say(long_q)
+                app.say(wavs["first half"] if scenario == "continuation" else long_q)
                 turn = run.turns[scenario] = next_turn(app, mark)
                 reply_playing(app, turn, mark)
                 time.sleep(after_s)
                 app.say(overlap)
-                app.wait_event("TurnDone", turn, 90, mark)
-                if scenario == "barge-in":
-                    run.overlap_turns[scenario] = next_turn(app, len(app.events()) - 1)
-                    app.wait_event("TurnDone", run.overlap_turns[scenario], 90, mark)
-                time.sleep(1.0)
-            mark = len(app.events())
-            app.say(wavs["first half"])
-            turn = run.turns["continuation"] = next_turn(app, mark)
-            reply_playing(app, turn, mark)
-            time.sleep(0.2)
-            app.say(wavs["second half"])
-            app.wait_event("TurnDone", turn, 90, mark)
-            rest = run.overlap_turns["continuation"] = next_turn(app, len(app.events()) - 1)
-            app.wait_event("TurnDone", rest, 90, mark)
+                settle(app)
+                answered = [e["turn_id"] for e in app.events()[mark:] if e["event"] == "TranscriptReady"]
+                run.overlap_turns[scenario] = answered[-1] if answered[-1] != turn else 0
         finally:
             run.stderr = app.stop()
     return run
@@ -148,7 +138,7 @@ def spoken(pulse, tmp_path_factory) -> Spoken:
 
 def test_a_backchannel_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
     assert spoken.of("ReplyPaused", "backchannel"), "".join(spoken.app.lines)
-    (heard,) = spoken.of("OverlapHeard", "backchannel")
+    heard = spoken.of("OverlapHeard", "backchannel")[0]
     assert heard["verdict"] in ("backchannel", "no words"), heard
     assert spoken.of("ReplyResumed", "backchannel") and not spoken.of("BargeIn", "backchannel")
     record = spoken.app.records()[spoken.turns["backchannel"]]
@@ -164,7 +154,7 @@ def test_a_cough_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
 
 
 def test_stop_stops_the_reply_and_is_not_answered(spoken: Spoken) -> None:
-    (heard,) = spoken.of("OverlapHeard", "stop")
+    heard = spoken.of("OverlapHeard", "stop")[-1]
     assert heard["verdict"] == "stop", heard
     assert spoken.of("BargeIn", "stop")
     assert spoken.app.records()[spoken.turns["stop"]]["cancelled"] == "interrupted"
@@ -172,11 +162,11 @@ def test_stop_stops_the_reply_and_is_not_answered(spoken: Spoken) -> None:
 
 
 def test_speech_over_the_reply_stops_it_within_200_ms_and_is_answered(spoken: Spoken) -> None:
-    (paused,) = spoken.of("ReplyPaused", "barge-in")
+    (barge,) = spoken.of("BargeIn", "barge-in")
+    (paused,) = [e for e in spoken.of("ReplyPaused", "barge-in") if e["onset_t_ns"] == barge["onset_t_ns"]]
     reaction_ms = (paused["t_ns"] - paused["onset_t_ns"]) / 1e6
     assert 0 < reaction_ms <= 200, reaction_ms
-    (barge,) = spoken.of("BargeIn", "barge-in")
-    assert barge["t_ns"] == paused["t_ns"]
+    assert abs(barge["t_ns"] - paused["t_ns"]) < 1_000_000  # the reply stopped where it paused
     records = spoken.app.records()
     assert records[spoken.turns["barge-in"]]["cancelled"] == "interrupted"
     answer = records[spoken.overlap_turns["barge-in"]]
@@ -191,5 +181,4 @@ def test_a_question_continued_after_its_reply_began_is_answered_as_one_turn(spok
     transcript = rest["transcript"].lower()
     assert "know" in transcript and "week" in transcript, rest  # both halves, one user turn
     assert rest["cancelled"] == "", rest
-    (heard,) = spoken.of("OverlapHeard", "continuation")
-    assert heard["verdict"] == "continuation"
+    assert spoken.of("OverlapHeard", "continuation")[-1]["verdict"] == "continuation"

@@ -194,6 +194,8 @@ def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
         ("Thank you very much.", OverlapVerdict.BACKCHANNEL),  # also Whisper's guess for a hum
         ("Thanks for watching!", OverlapVerdict.NOISE),  # Whisper's invention for a breath
         ("Stop!", OverlapVerdict.STOP),
+        ("Top.", OverlapVerdict.STOP),  # "Stop" whose start AEC3 ate under the reply
+        ("Uh-uh.", OverlapVerdict.BACKCHANNEL),
         ("Wait.", OverlapVerdict.STOP),
         ("Hold on.", OverlapVerdict.STOP),
         ("That's enough.", OverlapVerdict.STOP),
@@ -212,3 +214,25 @@ def test_an_interruption_is_recognised_by_its_first_words():
     assert starts_with_stop("wait, no, I meant Austria")
     assert not starts_with_stop("what is the capital of Germany")
     assert not starts_with_stop("waiting times at the airport")
+
+
+def test_a_backchannel_judged_after_it_ended_leaves_the_next_speech_over_the_reply_heard():
+    """The judgement came after the backchannel's end: later speech over the reply pauses it again."""
+    s, first = replying(after_ms=2000)
+    s.speak(400).pause(600)  # "Okay." and its end, before the transcript is back
+    assert [type(e).__name__ for e in s.events].count("SpeechEnded") == 2
+    s.judged("Okay.")
+    assert s.engine.overlap is None and s.of(ResumeReply)
+    s.speak(700)
+    assert len(s.of(PauseReply)) == 2  # heard again
+
+
+def test_speech_too_short_to_take_the_floor_resumes_the_reply_unless_it_says_stop():
+    s, first = replying(after_ms=2000, scores=(0.9, 0.1))
+    s.speak(320).pause(160)
+    s.judged("That's it.")  # Whisper's guess at a short hum
+    assert s.of(ResumeReply) and verdicts(s) == [OverlapVerdict.NOISE] and not s.of(BargeIn)
+    t, first_t = replying(after_ms=2000, scores=(0.9, 0.1))
+    t.speak(320).pause(160)
+    t.judged("Stop.")
+    assert t.of(BargeIn) and verdicts(t) == [OverlapVerdict.STOP]
