@@ -44,7 +44,8 @@ class EchoStats:
     """What the canceller has done so far.
 
     ``erle_db``: echo removed over the last ``window_ms`` of far-end audio (input energy over
-    output energy; the user talking over the reply lowers it). ``delay_ms``: the echo's delay
+    output energy; the user talking over the reply lowers it; ``None`` while the window is not
+    full, or when there was no echo to remove). ``delay_ms``: the echo's delay
     beyond the streams' timing (cross-correlation of microphone and far end), ``None`` until an
     echo was found. ``echo_loss_db``: how far below the far end the microphone was over the same
     frames (the room's echo return loss; large with a headset). ``converged``: what is left of
@@ -249,6 +250,8 @@ class EchoCanceller:
             loss = 10 * float(np.log10(e_far / e_in))
             below = self.options.converged_below_db
             converged = loss + erle >= below and (erle >= self.options.converged_erle_db or loss >= below)
+            if loss >= below:
+                erle = None  # no echo to speak of (a headset): nothing was there to remove
         return EchoStats(erle, self._delay_ms, converged, self._far_frames, loss)
 
 

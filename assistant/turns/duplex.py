@@ -174,6 +174,12 @@ class Duplex:
         if self.full_duplex or not stats.converged:
             return
         self.full_duplex = True
+        below = self.canceller.options.converged_below_db if self.canceller is not None else 0.0
+        if stats.echo_loss_db is not None and stats.echo_loss_db >= below:  # a headset, a quiet speaker
+            reason = f"full duplex: no echo heard ({stats.echo_loss_db:.0f} dB under the speaker)"
+            self.emit(EchoState(0, _now(), True, reason, None, None))
+            logger.info("%s", reason)
+            return
         erle = f"ERLE {stats.erle_db:.0f} dB" if stats.erle_db is not None else "no echo"
         delay = f", echo delay {stats.delay_ms:.0f} ms" if stats.delay_ms is not None else ""
         reason = f"full duplex: echo cancelled ({erle}{delay})"
