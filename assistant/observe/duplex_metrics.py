@@ -87,7 +87,6 @@ class DuplexMetrics:
         )
         for verdict in OverlapVerdict:  # zeros: rate() sees the first of each
             self.overlaps.labels(verdict_label(verdict))
-        self.mode.info({"reason": "starting"})
 
     def __call__(self, event: Event) -> None:
         """Follow the mode and count the speech over replies."""
