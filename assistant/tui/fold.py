@@ -68,7 +68,7 @@ class TurnFold:
             conversation.notice(device_notice(event))
             return False
         if isinstance(event, EchoState):  # not a turn's: the mode, and why
-            status.set(duplex=event.reason)
+            status.set(duplex=event.reason, duplex_mode="full duplex" if event.full_duplex else "half duplex")
             return False
         turn = event.turn_id
         if isinstance(event, SpeechOnset):

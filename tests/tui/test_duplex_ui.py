@@ -66,6 +66,17 @@ async def test_the_status_bar_shows_half_then_full_duplex_and_why():
 
 
 @pytest.mark.asyncio
+async def test_on_80_columns_the_status_bar_keeps_the_mode_when_its_reason_does_not_fit():
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        full = "full duplex: echo cancelled (ERLE 24 dB, echo delay 61 ms)"
+        await post(app, pilot, [EchoState(0, 2 * MS, True, full, 24.0, 61.0)])
+        first_line = screen_text(app).splitlines()[0].rstrip()
+        assert first_line.endswith("barge-in auto  full duplex"), first_line  # not cut mid-reason
+
+
+@pytest.mark.asyncio
 async def test_a_reply_resumed_after_a_backchannel_then_interrupted_shows_in_the_breakdown_and_the_pane():
     base = 10_000 * MS
     events = turn_events(1, base, WORDS) + [
