@@ -39,8 +39,6 @@ the events of the discarded attempts are skipped, ``discarded`` counts them.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import threading
 from collections.abc import Iterable, Sequence
@@ -71,7 +69,7 @@ from assistant.events import (
     TurnCancelled,
     TurnDecision,
 )
-from store.files import LineAppender, atomic_write
+from store.files import LineAppender
 
 STAGES = (
     "endpointing_ms",
@@ -293,52 +291,6 @@ def percentiles(records: Sequence[TurnRecord], keys: Sequence[str] = STAGES) -> 
                 "n": float(arr.size),
             }
     return out
-
-
-REPORT_COLUMNS = (
-    "turn_id",
-    "transcript",
-    "reply",
-    "cancelled",
-    "overlaps",
-    "false_barge_ins",
-    "continued",
-    "backend",
-    "llm_model",
-    "asr_model",
-    "tts_voice",
-)
-
-
-def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tuple[Path, Path]:
-    """Write the session's latency report: ``<stem>.csv`` (a row per turn) and ``<stem>.json``.
-
-    The JSON holds every record and the percentiles per stage; missing metrics are empty
-    cells in the CSV and ``null`` in the JSON. Returns both paths.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
-    metric_keys = [*STAGES, "network_ms", "speculated_ms", "tokens_per_s", *DUPLEX_METRICS]
-    table = io.StringIO(newline="")
-    writer = csv.writer(table)
-    writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys, "overlap_heard"])
-    for r in records:
-        values = [r.metrics.get(k) for k in metric_keys]
-        writer.writerow(
-            [*(getattr(r, c) for c in REPORT_COLUMNS), r.tokens, r.prompt_tokens]
-            + ["" if v is None else f"{v:.3f}" for v in values]
-            + ["; ".join(r.overlap_heard)]
-        )
-    report = {
-        "turns": len(records),
-        "percentiles": percentiles(records, metric_keys),
-        "records": [asdict(r) for r in records],
-    }
-    with atomic_write(csv_path) as f:
-        f.write(table.getvalue().encode())
-    with atomic_write(json_path) as f:
-        f.write((json.dumps(report, indent=1) + "\n").encode())
-    return csv_path, json_path
 
 
 def event_dict(event: Event) -> dict[str, object]:

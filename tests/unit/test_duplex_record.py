@@ -27,7 +27,8 @@ from assistant.events import (
     TranscriptReady,
     TurnCancelled,
 )
-from assistant.observe.latency import build_record, export_report
+from assistant.observe.latency import build_record
+from assistant.observe.report import export_report
 
 
 def ms(value: float) -> int:
