@@ -18,6 +18,20 @@ Each metric names its start and stop event:
 - speculated_ms: ASR + LLM work that ran inside the silence wait: ``SpeculationStarted`` ->
   the earlier of the endpoint and the first sentence (0 without speculation)
 - tokens_per_s: tokens after the first per second, first -> last ``TokenGenerated``
+- barge_in_ms: the interrupting speech's first sample (``BargeIn.onset_t_ns``) -> the reply
+  paused (``BargeIn.t_ns``): the app's reaction; the output device's buffer
+  (``BargeIn.device_latency_ms``) still plays after it. ``None`` without a barge-in
+- erle_db, echo_delay_ms: not spans: the echo canceller's reading over the reply
+  (``EchoMeasured`` after it played): echo return loss enhancement (dB) and the echo's delay
+  (ms). ``None`` when the microphone is not echo-cancelled
+
+Speech over the reply (full duplex) is counted per reply, on the record of the reply's turn:
+``overlaps`` counts ``ReplyPaused`` (speech began over the reply and paused it),
+``false_barge_ins`` counts ``ReplyResumed`` (paused for no words or a backchannel, then played
+on), ``overlap_heard`` says what each was (``OverlapHeard``: ``backchannel 'Uh-huh.': resumed
+after 800 ms``), and ``continued`` is true when the user went on with the question over the
+reply (``TurnCancelled`` ``continued``): the reply was dropped and the next turn, whose
+``held_turns`` names this one, answered the whole question.
 
 A turn whose speculative work was discarded (the user went on speaking) keeps one record:
 the events of the discarded attempts are skipped, ``discarded`` counts them.
@@ -25,8 +39,6 @@ the events of the discarded attempts are skipped, ``discarded`` counts them.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import threading
 from collections.abc import Iterable, Sequence
@@ -37,10 +49,16 @@ import numpy as np
 
 from assistant.events import (
     AudioStarted,
+    BargeIn,
+    CancelReason,
+    EchoMeasured,
     Event,
+    OverlapHeard,
     PartialTranscript,
     PlaybackEnded,
     PromptSubmitted,
+    ReplyPaused,
+    ReplyResumed,
     SentenceReady,
     SpeculationDiscarded,
     SpeculationStarted,
@@ -51,7 +69,7 @@ from assistant.events import (
     TurnCancelled,
     TurnDecision,
 )
-from store.files import LineAppender, atomic_write
+from store.files import LineAppender
 
 STAGES = (
     "endpointing_ms",
@@ -62,6 +80,7 @@ STAGES = (
     "tts_first_audio_ms",
     "voice_to_voice_ms",
 )
+DUPLEX_METRICS = ("barge_in_ms", "erle_db", "echo_delay_ms")  # per reply, with full duplex
 P999_MIN_SAMPLES = 1000  # below this, one sample in a thousand is not yet there to measure
 
 
@@ -87,7 +106,11 @@ class TurnRecord:
     resumed: int = 0  # times the user went on after a pause (or after the endpoint)
     discarded: int = 0  # speculative attempts thrown away
     partials: int = 0  # partial transcripts shown while the user spoke
-    held_turns: list[int] = field(default_factory=list)  # turns cut for length answered with this one
+    held_turns: list[int] = field(default_factory=list)  # earlier turns whose speech this one answers
+    overlaps: int = 0  # times speech over the reply paused it (ReplyPaused)
+    false_barge_ins: int = 0  # pauses that resumed: no words or a backchannel (ReplyResumed)
+    overlap_heard: list[str] = field(default_factory=list)  # each overlap's verdict: "stop 'Stop.'"
+    continued: bool = False  # the user went on with this question: reply dropped, the next turn answers
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -104,12 +127,25 @@ class TurnRecord:
 
         detector = f" ({self.turn_detector})" if self.turn_detector else ""
         overlap = f" | done in the wait {ms('speculated_ms')}" if m.get("speculated_ms") else ""
+        duplex = "".join(f" | {note}" for note in self.duplex_notes())
         return (
             f"turn {self.turn_id} | voice-to-voice {ms('voice_to_voice_ms')} ms | endpointing "
             f"{ms('endpointing_ms')}{detector} | asr {ms('asr_ms')} | ttft {ms('ttft_ms')} | "
             f"first sentence {ms('first_sentence_ms')} | tts first audio {ms('tts_first_audio_ms')}"
-            f"{overlap} | {m.get('tokens_per_s') or 0:.1f} tok/s"
+            f"{overlap} | {m.get('tokens_per_s') or 0:.1f} tok/s{duplex}"
         )
+
+    def duplex_notes(self) -> list[str]:
+        """What happened over the reply, in words: ``barge-in 143 ms``, the overlaps, ``ERLE 24 dB``."""
+        m = self.metrics
+        notes = [] if m.get("barge_in_ms") is None else [f"barge-in {m['barge_in_ms']:.0f} ms"]
+        notes += self.overlap_heard
+        if self.continued:
+            notes.append("continued: answered with the next turn")
+        if m.get("erle_db") is not None:
+            delay = "" if m.get("echo_delay_ms") is None else f", echo delay {m['echo_delay_ms']:.0f} ms"
+            notes.append(f"ERLE {m['erle_db']:.0f} dB{delay}")
+        return notes
 
 
 def _ms(start: int | None, stop: int | None) -> float | None:
@@ -153,6 +189,8 @@ def build_record(
     rec.discarded = len(discards)
     decision: TurnDecision | None = None
     network_ms: float | None = None
+    barge_in: BargeIn | None = None
+    echo: EchoMeasured | None = None
     for i, e in enumerate(mine):
         if isinstance(e, ATTEMPT_EVENTS) and i < last_discard:
             continue
@@ -189,6 +227,19 @@ def build_record(
         elif isinstance(e, TurnCancelled):
             rec.cancelled = e.reason
             rec.reply = e.heard_text
+            rec.continued = e.reason == CancelReason.CONTINUED
+        elif isinstance(e, ReplyPaused):
+            rec.overlaps += 1
+        elif isinstance(e, OverlapHeard):
+            rec.overlap_heard.append(f"{e.verdict} '{e.text}'" if e.text else str(e.verdict))
+        elif isinstance(e, ReplyResumed):
+            rec.false_barge_ins += 1
+            if rec.overlap_heard:  # the engine resumes right after the verdict that let it
+                rec.overlap_heard[-1] += f": resumed after {e.paused_ms:.0f} ms"
+        elif isinstance(e, BargeIn):
+            barge_in = barge_in or e
+        elif isinstance(e, EchoMeasured):
+            echo = e
     if decision is not None:
         rec.turn_probability = decision.probability
         p = "" if decision.probability is None else f" {decision.probability:.2f}"
@@ -213,6 +264,9 @@ def build_record(
         "voice_to_voice_ms": _ms(ts.get("speech_end"), ts.get("first_audio")),
         "speculated_ms": speculated,
         "tokens_per_s": (len(tokens) - 1) / (span / 1e3) if span else None,
+        "barge_in_ms": _ms(barge_in.onset_t_ns, barge_in.t_ns) if barge_in else None,
+        "erle_db": echo.erle_db if echo else None,
+        "echo_delay_ms": echo.delay_ms if echo else None,
     }
     return rec
 
@@ -237,48 +291,6 @@ def percentiles(records: Sequence[TurnRecord], keys: Sequence[str] = STAGES) -> 
                 "n": float(arr.size),
             }
     return out
-
-
-REPORT_COLUMNS = (
-    "turn_id",
-    "transcript",
-    "reply",
-    "cancelled",
-    "backend",
-    "llm_model",
-    "asr_model",
-    "tts_voice",
-)
-
-
-def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tuple[Path, Path]:
-    """Write the session's latency report: ``<stem>.csv`` (a row per turn) and ``<stem>.json``.
-
-    The JSON holds every record and the percentiles per stage; missing metrics are empty
-    cells in the CSV and ``null`` in the JSON. Returns both paths.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
-    metric_keys = [*STAGES, "network_ms", "speculated_ms", "tokens_per_s"]
-    table = io.StringIO(newline="")
-    writer = csv.writer(table)
-    writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys])
-    for r in records:
-        values = [r.metrics.get(k) for k in metric_keys]
-        writer.writerow(
-            [*(getattr(r, c) for c in REPORT_COLUMNS), r.tokens, r.prompt_tokens]
-            + ["" if v is None else f"{v:.3f}" for v in values]
-        )
-    report = {
-        "turns": len(records),
-        "percentiles": percentiles(records, metric_keys),
-        "records": [asdict(r) for r in records],
-    }
-    with atomic_write(csv_path) as f:
-        f.write(table.getvalue().encode())
-    with atomic_write(json_path) as f:
-        f.write((json.dumps(report, indent=1) + "\n").encode())
-    return csv_path, json_path
 
 
 def event_dict(event: Event) -> dict[str, object]:

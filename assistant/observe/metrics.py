@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from assistant.config.sections import MetricsOptions
 from assistant.events import AudioDeviceLost, BargeIn, Event, SpeculationDiscarded, TurnDone
+from assistant.observe.duplex_metrics import DuplexMetrics
 from assistant.observe.gpu import GpuMonitor, GpuUnreadable
 from assistant.observe.latency import STAGES, TurnRecord
 from engines.base import Decoder
@@ -200,9 +201,11 @@ class Metrics:
         )
         self.gauges = _ScrapeTimeGauges(gpu if gpu is not None else GpuMonitor())
         r.register(self.gauges)
+        self.duplex = DuplexMetrics(r)  # echo cancellation, speech over replies
 
     def __call__(self, event: Event) -> None:
         """Count one pipeline event; a finished turn's record feeds the histograms."""
+        self.duplex(event)
         if isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):
             self.observe(event.record)
         elif isinstance(event, BargeIn):
@@ -224,6 +227,7 @@ class Metrics:
         rate = record.metrics.get("tokens_per_s")
         if rate is not None:
             self.decode_rate.observe(rate)
+        self.duplex.observe(record)
 
     def engine_event(self, event: EngineProgress) -> None:
         """Count cache hits and misses, engine builds and rebuilds from the decoder's start-up."""

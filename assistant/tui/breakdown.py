@@ -78,13 +78,18 @@ class LatencyBreakdown(Static):
 
     def show(self, record: TurnRecord, done: bool) -> None:
         """Update with ``record`` of the turn running (``done=False``) or just finished."""
-        blocks = (self.current is not None, self.last is not None)
+        blocks = self._heights()
         if done:
             self.last, self.current = record, None
         else:
             self.current = record
-        # A new layout only when a block appears or goes (its height changes); else a redraw.
-        self.refresh(layout=blocks != (self.current is not None, self.last is not None))
+        # A new layout only when a block appears, goes or gets its notes line; else a redraw.
+        self.refresh(layout=blocks != self._heights())
+
+    def _heights(self) -> tuple[int, int]:
+        """Lines of the current and the last turn's blocks (0: none, 3, or 4 with notes)."""
+        current, last = (0 if r is None else 3 + bool(r.duplex_notes()) for r in (self.current, self.last))
+        return current, last
 
     def _bar(self, record: TurnRecord, width: int, running: bool) -> Text:
         ts = record.timestamps_ns
@@ -165,17 +170,26 @@ class LatencyBreakdown(Static):
     def _lines(self) -> list[Text]:
         width = max(self.size.width, 10)
         for self.narrow in (False, True):  # the long labels if they fit, else the short ones
-            lines: list[Text] = []
+            blocks: list[list[Text]] = []
             for title, record in (("now", self.current), ("last", self.last)):
                 if record is not None:
                     bar = self._bar(record, width, running=title == "now")
-                    lines += [self._totals(title, record), bar, self._legend(record)]
-            if all(len(line.plain.rstrip()) <= width for line in lines):
+                    blocks.append([self._totals(title, record), bar, self._legend(record)])
+            if all(len(line.plain.rstrip()) <= width for block in blocks for line in block):
                 break
+        records = [r for r in (self.current, self.last) if r is not None]
+        lines: list[Text] = []
+        for block, record in zip(blocks, records, strict=True):
+            lines += block
+            if notes := record.duplex_notes():  # the reply was spoken over, or echo-cancelled
+                lines.append(Text(f"over the reply: {'; '.join(notes)}", "italic"))
         return lines
 
     def render(self) -> RenderableType:
-        """Three lines per turn: totals, the bar, the legend with the turn's metrics."""
+        """Three lines per turn: totals, the bar, the legend; a fourth if the reply was spoken over.
+
+        The fourth says what happened over the reply (barge-in, overlaps, continued) and ERLE.
+        """
         lines = self._lines()
         if not lines:
             return Text("latency breakdown: speak or press t to type", "dim")

@@ -79,9 +79,25 @@ class Conversation(VerticalScroll, can_focus=False):
         """What has streamed of ``turn``'s reply."""
         return self._reply_text.get(turn, "").strip()
 
-    def cancelled(self, turn: int, reason: str) -> None:
-        """Mark ``turn`` as stopped early."""
-        if turn in self._reply:
-            self._reply[turn].update(Text(f"assistant: {self.reply_text(turn)} [{reason}]"))
+    def cancelled(self, turn: int, reason: str, heard: str = "") -> None:
+        """Mark ``turn`` as stopped early.
+
+        A reply cut while it played (``interrupted``, ``continued``) shows the words played
+        (``heard``: what the history keeps) and the rest struck through.
+        """
+        if turn not in self._reply:
+            self.notice(f"turn {turn}: {CANCEL_MARKS.get(reason, reason)}")
+            return
+        text = Text("assistant: ")
+        words = " ".join(self.reply_text(turn).split())
+        if reason in CUT and words.startswith(heard):
+            text.append(heard)
+            text.append(words[len(heard) :], "strike dim")
         else:
-            self.notice(f"turn {turn}: {reason}")
+            text.append(self.reply_text(turn))
+        text.append(f" [{CANCEL_MARKS.get(reason, reason)}]")
+        self._reply[turn].update(text)
+
+
+CUT = ("interrupted", "continued")  # replies stopped while they played: the unplayed rest is struck
+CANCEL_MARKS = {"continued": "continued: you went on, answered with the next turn"}

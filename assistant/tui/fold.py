@@ -8,9 +8,14 @@ from assistant.events import (
     AudioReady,
     BargeIn,
     CancelReason,
+    EchoMeasured,
+    EchoState,
     Event,
     MicLevel,
+    OverlapHeard,
     PartialTranscript,
+    ReplyPaused,
+    ReplyResumed,
     SpeculationConfirmed,
     SpeculationDiscarded,
     SpeculationStarted,
@@ -62,12 +67,14 @@ class TurnFold:
             self.lost_devices.pop(event.kind, None)
             conversation.notice(device_notice(event))
             return False
+        if isinstance(event, EchoState):  # not a turn's: the mode, and why
+            status.set(duplex=event.reason, duplex_mode="full duplex" if event.full_duplex else "half duplex")
+            return False
         turn = event.turn_id
         if isinstance(event, SpeechOnset):
             return False  # maybe a cough: the turn shows once SpeechStarted says it is speech
-        if isinstance(event, BargeIn):
-            conversation.notice(f"interrupted: reply stopped {(event.t_ns - event.onset_t_ns) / 1e6:.0f} ms")
-            return False
+        if isinstance(event, OVER_THE_REPLY):
+            return self._over_the_reply(event, status, conversation)
         events = self.turn_events.setdefault(turn, [])
         events.append(event)
         if isinstance(event, SpeechStarted):
@@ -108,10 +115,28 @@ class TurnFold:
             status.set(state="speaking")
         elif isinstance(event, TurnCancelled):
             conversation.flush()
-            conversation.cancelled(turn, event.reason)
+            conversation.cancelled(turn, event.reason, event.heard_text)
             if event.reason == CancelReason.LLM_SERVER_LOST:
                 conversation.notice(
                     "the LLM server stopped answering: the text so far is kept, the next turn connects again",
                     error=True,
                 )
         return True
+
+    def _over_the_reply(self, event: Event, status: StatusBar, conversation: Conversation) -> bool:
+        """Speech over a reply, or its echo reading: part of the reply's turn while it runs."""
+        if isinstance(event, BargeIn):
+            conversation.notice(f"interrupted: reply stopped {(event.t_ns - event.onset_t_ns) / 1e6:.0f} ms")
+        elif isinstance(event, ReplyPaused):
+            status.set(state="hearing")  # the reply holds while the speech is judged
+        elif isinstance(event, ReplyResumed):
+            status.set(state="speaking")
+        events = self.turn_events.get(event.turn_id)
+        if events is None:  # the reply's turn is over: its record has it
+            return False
+        events.append(event)
+        return True
+
+
+# Events of a reply's turn (``turn_id``) about speech over it; the speech itself is the next turn.
+OVER_THE_REPLY = (BargeIn, ReplyPaused, OverlapHeard, ReplyResumed, EchoMeasured)

@@ -11,7 +11,8 @@ from textual.binding import Binding
 from textual.widgets import Input, RichLog
 
 from assistant.app import Session
-from assistant.observe.latency import TurnRecord, export_report
+from assistant.observe.latency import TurnRecord
+from assistant.observe.report import export_report
 from assistant.tui.conversation import Conversation
 from assistant.tui.fold import TurnFold
 from assistant.tui.status import StatusBar

@@ -27,10 +27,11 @@ class StatusBar(Static):
         self.info = SessionInfo()
         self.barge_in = "auto"
         self.duplex = ""  # full or half duplex, and why (EchoState)
+        self.duplex_mode = ""  # "full duplex" or "half duplex": shown alone when the reason does not fit
         self.gpu = ""
 
     def set(self, **values: object) -> None:
-        """Change any of ``state``, ``level_db``, ``info``, ``barge_in``, ``duplex``, ``gpu``."""
+        """Change any of ``state``, ``level_db``, ``info``, ``barge_in``, ``duplex(_mode)``, ``gpu``."""
         for key, value in values.items():
             setattr(self, key, value)
         self.refresh(layout="info" in values or "gpu" in values)  # they may need a third line
@@ -43,8 +44,9 @@ class StatusBar(Static):
         line1.append(f" {self.state.upper()} ", f"bold reverse {STATE_STYLES.get(self.state, '')}")
         line1.append(f" mic {level_meter(self.level_db if i.mic else None)} ")
         line1.append(f" in: {i.mic or 'none'}  out: {i.speaker or 'none'}  barge-in {self.barge_in}")
-        if self.duplex:
-            line1.append(f"  {self.duplex}")
+        if self.duplex:  # the reason when it fits, else the mode alone ("full duplex")
+            fits = len(line1) + 2 + len(self.duplex) <= self.size.width
+            line1.append(f"  {self.duplex if fits else self.duplex_mode}")
         llm = f" LLM {i.llm or '-'} ({i.backend or '-'})  engine: {i.engine or '-'}"
         if i.turn:
             line1.append(f"  turn: {i.turn}")

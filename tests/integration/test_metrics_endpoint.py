@@ -14,7 +14,21 @@ import sys
 
 import pytest
 
-from assistant.observe.latency import STAGES
+from assistant.events import (
+    AudioStarted,
+    BargeIn,
+    CancelReason,
+    EchoMeasured,
+    EchoState,
+    Event,
+    OverlapHeard,
+    OverlapVerdict,
+    ReplyPaused,
+    ReplyResumed,
+    TurnCancelled,
+    TurnDone,
+)
+from assistant.observe.latency import STAGES, build_record
 from assistant.observe.metrics import HISTOGRAMS, Metrics, MetricsOptions, MetricsPortError
 from bench.corpus import TYPED_PAIR as TYPED
 from bench.speech import speak
@@ -136,3 +150,63 @@ def test_the_gpu_gauges_follow_what_the_gpu_holds():
     assert used and 2 * 2**30 <= used[0] < 3 * 2**30, used
     assert total == pytest.approx(torch.cuda.mem_get_info()[1], rel=0.01)
     assert 0 <= next(v for k, v in after.items() if k[0] == "assistant_gpu_utilization_ratio") <= 1
+
+
+def test_full_duplex_is_scraped_with_its_mode_the_speech_over_replies_and_the_records_readings():
+    """The live loop's events of two replies, fed to the metrics as the app does, then one real scrape.
+
+    Reply 1 is paused by a backchannel that resumes it, then interrupted (barge-in 120 ms after
+    the onset); reply 2 is dropped because the user went on with the question.
+    """
+    ms = 1_000_000
+    reply1: list[Event] = [
+        EchoState(0, 1 * ms, False, "half duplex until echo cancellation converges"),
+        EchoState(0, 2 * ms, True, "full duplex: echo cancelled (ERLE 24 dB, echo delay 61 ms)", 24.0, 61.0),
+        AudioStarted(1, 100 * ms),
+        ReplyPaused(1, 1040 * ms, 1000 * ms, 2),
+        OverlapHeard(1, 1800 * ms, 2, "Uh-huh.", OverlapVerdict.BACKCHANNEL),
+        ReplyResumed(1, 1800 * ms, 760.0),
+        ReplyPaused(1, 3120 * ms, 3000 * ms, 2),
+        OverlapHeard(1, 3900 * ms, 2, "What about Spain?", OverlapVerdict.BARGE_IN),
+        BargeIn(1, 3120 * ms, 3000 * ms),
+        TurnCancelled(1, 3950 * ms, CancelReason.INTERRUPTED, "Paris is"),
+        EchoMeasured(1, 3960 * ms, 24.0, 61.0),
+    ]
+    reply2: list[Event] = [
+        AudioStarted(2, 5000 * ms),
+        ReplyPaused(2, 5530 * ms, 5500 * ms, 3),
+        OverlapHeard(2, 6500 * ms, 3, "the largest ocean", OverlapVerdict.CONTINUATION),
+        TurnCancelled(2, 6510 * ms, CancelReason.CONTINUED, ""),
+        EchoMeasured(2, 6520 * ms, 12.0, 60.0),
+    ]
+    port = free_port()
+    metrics = Metrics()
+    server = metrics.serve(MetricsOptions(port=port))
+    try:
+        assert scrape(port)[("assistant_full_duplex", ())] == 0  # not converged yet: half duplex
+        for turn, events in ((1, reply1), (2, reply2)):
+            for event in events:
+                metrics(event)
+            metrics(TurnDone(turn, 7000 * ms, build_record(turn, events)))
+        got = scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got[("assistant_full_duplex", ())] == 1
+    reason = "full duplex: echo cancelled (ERLE 24 dB, echo delay 61 ms)"
+    assert got[("assistant_duplex_info", (("reason", reason),))] == 1
+    overlaps = {
+        dict(labels)["verdict"]: v for (name, labels), v in got.items() if name == "assistant_overlaps_total"
+    }
+    assert overlaps == {"no_words": 0, "backchannel": 1, "stop": 0, "continuation": 1, "barge_in": 1}
+    assert got[("assistant_false_barge_ins_total", ())] == 1
+    assert got[("assistant_continuations_total", ())] == 1
+    assert got[("assistant_barge_ins_total", ())] == 1
+    assert got[("assistant_barge_in_reaction_seconds_count", ())] == 1
+    assert got[("assistant_barge_in_reaction_seconds_sum", ())] == pytest.approx(0.120)
+    assert got[("assistant_barge_in_reaction_seconds_bucket", (("le", "0.125"),))] == 1
+    assert got[("assistant_barge_in_reaction_seconds_bucket", (("le", "0.1"),))] == 0
+    assert got[("assistant_echo_erle_decibels_count", ())] == 2
+    assert got[("assistant_echo_erle_decibels_sum", ())] == pytest.approx(36.0)
+    assert got[("assistant_echo_erle_decibels_bucket", (("le", "15.0"),))] == 1  # reply 2's 12 dB
+    assert got[("assistant_echo_delay_seconds_sum", ())] == pytest.approx(0.121)

@@ -24,7 +24,7 @@ import pytest
 
 from assistant.config import DecoderSettings, GenerationSettings, ModelSettings, Settings
 from assistant.events import AudioReady
-from assistant.observe.latency import export_report
+from assistant.observe.report import export_report
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.audio import FileSink
 from assistant.stages.tts import Synthesizer, TtsOptions

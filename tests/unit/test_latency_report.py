@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from assistant.observe.latency import STAGES, TurnRecord, export_report, percentiles
+from assistant.observe.latency import STAGES, TurnRecord, percentiles
+from assistant.observe.report import export_report
 
 
 def records(v2v_ms: list[float]) -> list[TurnRecord]:

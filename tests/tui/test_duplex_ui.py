@@ -1,0 +1,143 @@
+"""Full duplex in the UI: the mode in the status bar, speech over a reply in the breakdown and the pane.
+
+Pilot on the app without a session (fixed events posted as ``PipelineEvent`` messages, as the
+snapshot tests do): no models, no devices, no clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rich.text import Text
+
+from assistant.events import (
+    AudioStarted,
+    BargeIn,
+    CancelReason,
+    EchoMeasured,
+    EchoState,
+    Event,
+    OverlapHeard,
+    OverlapVerdict,
+    PlaybackEnded,
+    ReplyPaused,
+    ReplyResumed,
+    SpeechStarted,
+    TranscriptReady,
+    TurnCancelled,
+)
+from assistant.observe.latency import build_record
+from assistant.tui.app import AssistantApp
+from assistant.tui.breakdown import LatencyBreakdown
+from assistant.tui.conversation import Conversation
+from assistant.tui.messages import PipelineEvent
+from assistant.tui.status import StatusBar
+from tests.helpers.screen import screen_text
+from tests.helpers.tui import MS, turn_events
+
+WORDS = [" The", " capital", " of", " France", " is", " Paris", "."]
+
+
+async def post(app, pilot, events: list[Event]) -> None:
+    for event in events:
+        app.post_message(PipelineEvent(event))
+    await pilot.pause()
+
+
+def reply_text(app, turn: int) -> Text:
+    """The conversation's reply line of ``turn`` as rendered (its styles too)."""
+    content = app.query_one(Conversation)._reply[turn].content
+    assert isinstance(content, Text)
+    return content
+
+
+@pytest.mark.asyncio
+async def test_the_status_bar_shows_half_then_full_duplex_and_why():
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(200, 30)) as pilot:
+        await pilot.pause()
+        await post(app, pilot, [EchoState(0, 1 * MS, False, "half duplex until echo cancellation converges")])
+        assert "barge-in auto  half duplex until echo cancellation converges" in screen_text(app)
+        full = "full duplex: echo cancelled (ERLE 24 dB, echo delay 61 ms)"
+        await post(app, pilot, [EchoState(0, 2 * MS, True, full, 24.0, 61.0)])
+        screen = screen_text(app)
+        assert f"barge-in auto  {full}" in screen and "half duplex" not in screen
+        # the mode is no turn: the breakdown does not show a "turn 0" running
+        assert "turn 0" not in app.query_one(LatencyBreakdown).plain()
+
+
+@pytest.mark.asyncio
+async def test_on_80_columns_the_status_bar_keeps_the_mode_when_its_reason_does_not_fit():
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        full = "full duplex: echo cancelled (ERLE 24 dB, echo delay 61 ms)"
+        await post(app, pilot, [EchoState(0, 2 * MS, True, full, 24.0, 61.0)])
+        first_line = screen_text(app).splitlines()[0].rstrip()
+        assert first_line.endswith("barge-in auto  full duplex"), first_line  # not cut mid-reason
+
+
+@pytest.mark.asyncio
+async def test_a_reply_resumed_after_a_backchannel_then_interrupted_shows_in_the_breakdown_and_the_pane():
+    base = 10_000 * MS
+    events = turn_events(1, base, WORDS) + [
+        AudioStarted(1, base + 1000 * MS),
+        ReplyPaused(1, base + 1530 * MS, base + 1500 * MS, 2),
+        OverlapHeard(1, base + 2300 * MS, 2, "Uh-huh.", OverlapVerdict.BACKCHANNEL),
+        ReplyResumed(1, base + 2300 * MS, 800.0),
+        ReplyPaused(1, base + 3120 * MS, base + 3000 * MS, 2),
+        OverlapHeard(1, base + 3900 * MS, 2, "What about Spain?", OverlapVerdict.BARGE_IN),
+        BargeIn(1, base + 3120 * MS, base + 3000 * MS, 40.0),
+        PlaybackEnded(1, base + 3950 * MS),
+        TurnCancelled(1, base + 3950 * MS, CancelReason.INTERRUPTED, "The capital of"),
+        EchoMeasured(1, base + 3960 * MS, 24.4, 61.0),
+    ]
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await pilot.pause()
+        breakdown = app.query_one(LatencyBreakdown)
+        await post(app, pilot, events[:-5])  # paused the second time, being judged
+        assert "barge-in" not in breakdown.plain()
+        assert app.query_one(StatusBar).state == "hearing"  # the reply holds while the speech is judged
+        now = breakdown.plain()
+        assert "now: turn 1" in now and "over the reply: backchannel 'Uh-huh.': resumed after 800 ms" in now
+        await post(app, pilot, events[-5:])
+        app.turn_done(build_record(1, events))
+        await pilot.pause()
+        shown = breakdown.plain()
+        assert "last: turn 1" in shown and "now:" not in shown
+        notes = "barge-in 120 ms; backchannel 'Uh-huh.': resumed after 800 ms; barge-in 'What about Spain?'"
+        assert f"over the reply: {notes}; ERLE 24 dB, echo delay 61 ms" in shown, shown
+        line = reply_text(app, 1)
+        assert line.plain == "assistant: The capital of France is Paris. [interrupted]"
+        struck = [line.plain[s.start : s.end] for s in line.spans if "strike" in str(s.style)]
+        assert struck == [" France is Paris."]  # not played: not in the history either
+        assert "interrupted: reply stopped 120 ms" in screen_text(app)
+
+
+@pytest.mark.asyncio
+async def test_a_question_continued_over_its_reply_is_marked_and_answered_as_one_turn():
+    base = 10_000 * MS
+    first = turn_events(1, base, [" The", " largest"]) + [
+        AudioStarted(1, base + 1000 * MS),
+        SpeechStarted(2, base + 1300 * MS),
+        ReplyPaused(1, base + 1330 * MS, base + 1300 * MS, 2),
+        OverlapHeard(1, base + 2300 * MS, 2, "the largest ocean on Earth", OverlapVerdict.CONTINUATION),
+        PlaybackEnded(1, base + 2310 * MS),
+        TurnCancelled(1, base + 2310 * MS, CancelReason.CONTINUED, ""),
+    ]
+    whole = "What is the largest, the largest ocean on Earth?"
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await pilot.pause()
+        await post(app, pilot, first)
+        app.turn_done(build_record(1, first))
+        await post(app, pilot, [TranscriptReady(2, base + 4000 * MS, whole, 200.0, held_turns=(1,))])
+        screen = screen_text(app)
+        assert "continued: you went on, answered with the next turn" in screen
+        assert f"you: {whole}" in screen and "you: What is the capital of France?" not in screen
+        shown = app.query_one(LatencyBreakdown).plain()
+        notes = "continuation 'the largest ocean on Earth'; continued: answered with the next turn"
+        assert f"over the reply: {notes}" in shown, shown
+        line = reply_text(app, 1)
+        struck = [line.plain[s.start : s.end] for s in line.spans if "strike" in str(s.style)]
+        assert struck == ["The largest"]  # nothing of it played
