@@ -111,7 +111,10 @@ def _run(
     code = 1
     try:
         with capture:
-            code = app.run() or 0
+            result = app.run()
+        # A crash returns None, with return_code 1 and the traceback printed (into the pipe:
+        # replayed below); q returns 0.
+        code = app.return_code if app.return_code is not None else (result or 0)
         return code
     finally:
         app.shutdown()
