@@ -22,7 +22,7 @@ import pytest
 from assistant.tui.app import AssistantApp
 from assistant.tui.loading import LoadingLine
 from tests.helpers.screen import screen_text
-from tests.helpers.tui import builder, settings, wait_until
+from tests.helpers.tui import builder, no_audio_env, settings, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +48,6 @@ async def test_model_and_export_folders_with_brackets_load_answer_export(model_d
     Each crashed the app with MarkupError (the load-step line, then the export's notice), and
     the process exited 0 on a blank screen.
     """
-    from tests.tui.test_ui import no_audio_env
-
     no_audio_env(monkeypatch, tmp_path)
     folder = bracket_model(model_dir, tmp_path)
     s = settings(**{"models.llm": str(folder), "decoder.backend": "pytorch"})
