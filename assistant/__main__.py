@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from assistant.config import Settings
 
 logger = logging.getLogger("assistant")
@@ -45,24 +47,27 @@ def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from assistant.modes.preflight import check_question
+    from assistant.stages.audio_file import DEFAULT_MAX_INPUT_MINUTES
 
     input_wav: Path | None = getattr(args, "input", None)
     output: Path | None = getattr(args, "output", None)
-    audio = check_question(input_wav, settings.vad)  # a bad file fails before models load
+    minutes = getattr(args, "max_input_minutes", None) or DEFAULT_MAX_INPUT_MINUTES
+    audio = check_question(input_wav, settings.vad, minutes)  # a bad file fails before models load
     if not getattr(args, "no_tui", False) and output is None:
-        return _tui(args, settings)
+        return _tui(args, settings, audio)
     from assistant.modes.run import run_headless
 
     events: Path | None = getattr(args, "events", None)
     return run_headless(settings, input_wav, audio, output, events, getattr(args, "log", None))
 
 
-def _tui(args: argparse.Namespace, settings: Settings) -> int:
+def _tui(args: argparse.Namespace, settings: Settings, audio: np.ndarray | None = None) -> int:
     from assistant.tui import run_tui
 
     return run_tui(
         settings,
         input_wav=getattr(args, "input", None),
+        input_audio=audio,
         log_path=getattr(args, "log", None),
         events_path=getattr(args, "events", None),
         export_dir=getattr(args, "export_dir", None) or Path.cwd(),

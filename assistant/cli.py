@@ -9,6 +9,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+MAX_INPUT_MINUTES_RANGE = (0.0, 1440.0)  # above 0, at most a day
+
+
+def _minutes(text: str) -> float:
+    """``--max-input-minutes``: a number of minutes above 0 and at most a day."""
+    low, high = MAX_INPUT_MINUTES_RANGE
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes") from None
+    if not low < value <= high:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: above {low:g}, at most {high:g} minutes")
+    return value
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     from assistant.stages.llm import BACKENDS
@@ -202,6 +216,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree for every subcommand."""
     from assistant.modes.engine import add_engine_parsers
+    from assistant.stages.audio_file import DEFAULT_MAX_INPUT_MINUTES
     from store.bundled import BUNDLED
 
     parser = argparse.ArgumentParser(
@@ -222,9 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
     _common(chat)
     run = sub.add_parser("run", help="the voice loop: in the UI, or headless (--no-tui, or --output)")
     run.add_argument(
-        "--input", type=Path, metavar="WAV", help="answer the question in this WAV file, then exit"
+        "--input",
+        type=Path,
+        metavar="AUDIO",
+        help="answer the question in this audio file (WAV, FLAC, OGG, MP3), then exit",
     )
     run.add_argument("--output", type=Path, metavar="WAV", help="with --input: write the spoken reply here")
+    run.add_argument(
+        "--max-input-minutes",
+        type=_minutes,
+        default=DEFAULT_MAX_INPUT_MINUTES,
+        metavar="MIN",
+        help=f"refuse an --input file longer than this (default {DEFAULT_MAX_INPUT_MINUTES:g})",
+    )
     run.add_argument(
         "--log", type=Path, metavar="JSONL", help="append one JSON line per turn (latency record)"
     )

@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from assistant.stages.asr import AsrOptions, load_wav
+    from assistant.stages.asr import AsrOptions
     from assistant.stages.asr_torch import HOP, TorchTranscriber
+    from assistant.stages.audio_file import load_wav
     from store.bundled import ModelStore
 
     asr = TorchTranscriber(

@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from assistant.events import SpeechEnded
     from assistant.modes.run import write_wav
     from assistant.observe.latency import TurnRecord, percentiles
-    from assistant.stages.asr import load_wav
     from assistant.stages.audio import FileSink
+    from assistant.stages.audio_file import load_wav
     from assistant.stages.recording import find_utterance
 
     overrides = dict(s.split("=", 1) for s in args.settings)

@@ -6,6 +6,7 @@ about generation (which tokens, when they stream, why it stopped) is decided her
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,8 +45,23 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+# C0 controls but tab and newline, DEL, and C1 controls (U+0080-U+009F, CSI among them). A token
+# can decode to ESC or BEL (a rogue --llm-server sends ids of its choosing): sent on, a reply
+# retitled and cleared the terminal. Stripped here, where all text leaves the decoder, so the
+# chat, the headless reporter, the UI, TTS and the conversation history all get clean text.
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def strip_controls(text: str) -> str:
+    """``text`` without control characters, except newline and tab (see :data:`CONTROL_CHARS`)."""
+    return CONTROL_CHARS.sub("", text)
+
+
 class TextStream:
-    """Incremental detokenization that never splits a character or leaks a stop string."""
+    """Incremental detokenization that never splits a character or leaks a stop string.
+
+    What it releases holds no control characters but newline and tab (:func:`strip_controls`).
+    """
 
     def __init__(self, tokenizer: Detokenizer, stop_strings: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
@@ -68,7 +84,7 @@ class TextStream:
             self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
         )
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        self.pending += window[len(before) :]
+        self.pending += strip_controls(window[len(before) :])
         return self._release()
 
     def _release(self) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from assistant.config import ConfigError, Settings
+from assistant.stages.audio_file import DEFAULT_MAX_INPUT_MINUTES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -97,18 +98,24 @@ def check_output_args(args: argparse.Namespace) -> None:
         check_writable_dir(export_dir, "--export-dir")
 
 
-def check_question(input_wav: Path | None, vad: VadOptions) -> np.ndarray | None:
+def check_question(
+    input_wav: Path | None, vad: VadOptions, max_input_minutes: float = DEFAULT_MAX_INPUT_MINUTES
+) -> np.ndarray | None:
     """The ``--input`` question's audio (None without one); a bad file or one without speech fails here.
 
+    A file longer than :data:`~assistant.stages.audio_file.LONG_INPUT_S` reports its reading
+    on stderr.
+
     Raises:
-        AudioFileError: The file is missing, unreadable or not a WAV file the app reads.
+        AudioFileError: The file is missing, unreadable, not audio the app reads, has a sample
+            rate outside 8-192 kHz, or is longer than ``max_input_minutes``.
         NoSpeechInFile: It holds no speech the VAD accepts.
     """
-    from assistant.stages.asr import load_wav
+    from assistant.stages.audio_file import load_wav, stderr_progress
     from assistant.stages.recording import find_utterance
 
     if input_wav is None:
         return None
-    audio = load_wav(input_wav)
+    audio = load_wav(input_wav, 60 * max_input_minutes, stderr_progress(input_wav))
     find_utterance(audio, vad, input_wav)
     return audio

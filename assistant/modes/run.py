@@ -37,7 +37,9 @@ from assistant.events import (
     TurnHeld,
 )
 from assistant.observe.latency import TurnRecord
+from assistant.stages.asr import Transcriber
 from assistant.stages.audio import FileSink, Microphone, Speaker
+from assistant.stages.audio_file import stderr_progress
 from assistant.stages.devices import device_notice
 from assistant.stages.endpoint import TurnOptions
 from assistant.stages.recording import NoSpeechInFile, find_utterance
@@ -278,6 +280,8 @@ def serve_session(
         print(f"notice: {notice}", file=sys.stderr)
     try:
         if input_wav is not None and audio is not None:
+            if isinstance(session.transcriber, Transcriber):  # a long question says how far it is
+                session.transcriber.progress = stderr_progress(input_wav, "transcribing")
             record = run_file(session.pipeline, settings.vad, audio, input_wav, output, session.turn_policy)
             return 0 if not record.cancelled else 1
         if session.mic is None or session.speaker is None:

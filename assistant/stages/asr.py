@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-import wave
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from assistant.config.sections import AsrOptions
-from assistant.stages.streams import SAMPLE_RATE_HZ, resample
+from assistant.stages.streams import SAMPLE_RATE_HZ
 from store.bundled import BUNDLED, ModelStore
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,6 @@ QUIET_FRAME_SAMPLES = 512  # 32 ms frames for the loudness search
 QUIET_SPAN_FRAMES = 5  # quietness of a frame = mean energy of the 160 ms around it (not a stop gap)
 FETCH_HINT = "run 'assistant models fetch'"
 HUB_HINT = " (a size name downloads from the Hugging Face hub: online only)"
-WAV_HINT = "16 kHz mono 16-bit PCM recommended; convert with: sox in.wav -r 16000 -c 1 -b 16 out.wav"
 
 
 class AsrModelNotFound(FileNotFoundError):
@@ -34,10 +33,6 @@ class AsrModelNotFound(FileNotFoundError):
 
 class AsrLoadError(RuntimeError):
     """The ASR model exists but CTranslate2 could not load it (device, compute type, files)."""
-
-
-class AudioFileError(ValueError):
-    """A WAV file is missing, empty, corrupt or in an encoding we cannot read."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +152,9 @@ class Transcriber:
         self.device = device
         self.compute_type = compute_type
         self.description = f"{Path(options.model).name} {device} {compute_type}"
+        # (seconds transcribed, seconds of audio) after each segment, when set (run --input of a
+        # long file: assistant.stages.audio_file.stderr_progress)
+        self.progress: Callable[[float, float], None] | None = None
         logger.info("loaded ASR %s from %s (%d threads)", self.description, source, threads)
 
     def warm_up(self) -> float:
@@ -215,47 +213,10 @@ class Transcriber:
             without_timestamps=cuts is None,
             clip_timestamps=clips_s or "0",  # "0": faster-whisper's default, the whole audio
         )
-        return list(segments), info  # the segments are a lazy generator: decode now
-
-
-def _pcm_to_float(data: bytes, sample_width: int) -> np.ndarray:
-    if sample_width == 1:  # 8-bit WAV is unsigned
-        return (np.frombuffer(data, np.uint8).astype(np.float32) - 128) / 128
-    if sample_width == 2:
-        return np.frombuffer(data, "<i2").astype(np.float32) / 32768
-    if sample_width == 3:
-        b = np.frombuffer(data, np.uint8).reshape(-1, 3).astype(np.int32)
-        ints = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8  # sign-extend 24 bits
-        return ints.astype(np.float32) / 2**23
-    if sample_width == 4:
-        return (np.frombuffer(data, "<i4").astype(np.float64) / 2**31).astype(np.float32)
-    raise AudioFileError(f"unsupported sample width {sample_width * 8} bits; {WAV_HINT}")
-
-
-def load_wav(path: str | Path) -> np.ndarray:
-    """Read a PCM WAV (8/16/24/32-bit, any rate and channels) as 16 kHz mono float32.
-
-    Raises:
-        AudioFileError: Missing or unreadable file, not a WAV, no frames, or an encoding the
-            stdlib ``wave`` module cannot read (float, compressed, extensible on Python 3.11).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise AudioFileError(f"no such audio file: {path}")
-    try:
-        with wave.open(str(path), "rb") as w:
-            channels, width, rate_hz = w.getnchannels(), w.getsampwidth(), w.getframerate()
-            data = w.readframes(w.getnframes())
-    except wave.Error as e:
-        if "unknown format" in str(e):
-            why = " (WAVE_FORMAT_EXTENSIBLE, which sox writes for 24/32-bit)" if "65534" in str(e) else ""
-            raise AudioFileError(f"unsupported WAV encoding in {path}: {e}{why}; {WAV_HINT}") from e
-        raise AudioFileError(f"not a WAV file: {path} ({e}); {WAV_HINT}") from e
-    except (EOFError, OSError) as e:
-        raise AudioFileError(f"not a WAV file: {path} (truncated or unreadable: {e}); {WAV_HINT}") from e
-    frame_bytes = channels * width
-    frames = len(data) // frame_bytes if frame_bytes else 0
-    if frames == 0:
-        raise AudioFileError(f"{path} holds no audio frames; {WAV_HINT}")
-    samples = _pcm_to_float(data[: frames * frame_bytes], width).reshape(frames, channels).mean(axis=1)
-    return resample(samples.astype(np.float32), rate_hz, SAMPLE_RATE_HZ)
+        if self.progress is None:
+            return list(segments), info  # the segments are a lazy generator: decode now
+        total_s, done = samples.size / SAMPLE_RATE_HZ, []
+        for segment in segments:
+            done.append(segment)
+            self.progress(min(float(segment.end), total_s), total_s)
+        return done, info

@@ -16,6 +16,7 @@ import signal
 import threading
 from pathlib import Path
 
+import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, RichLog
@@ -62,6 +63,7 @@ class AssistantApp(TurnFeed):
         build: Builder | None,
         *,
         input_wav: Path | None = None,
+        input_audio: np.ndarray | None = None,
         settings: Settings | None = None,
         export_dir: Path | None = None,
         gpu: bool = True,
@@ -69,6 +71,7 @@ class AssistantApp(TurnFeed):
         super().__init__()
         self.build = build
         self.input_wav = input_wav
+        self.input_audio = input_audio  # input_wav already read; else it is read at the replay
         self.settings = settings or Settings()
         self.export_dir = export_dir or Path.cwd()
         self.gpu = GpuMonitor() if gpu else None
@@ -171,12 +174,13 @@ class AssistantApp(TurnFeed):
                 self._replay(self.input_wav)
 
     def _replay(self, path: Path) -> None:
-        from assistant.stages.asr import load_wav
+        from assistant.stages.audio_file import load_wav
         from assistant.stages.recording import find_utterance
 
         assert self.loop is not None
         assert self.session is not None
-        speech, delay_ms = find_utterance(load_wav(path), self.settings.vad, path, self.session.turn_policy)
+        audio = self.input_audio if self.input_audio is not None else load_wav(path)
+        speech, delay_ms = find_utterance(audio, self.settings.vad, path, self.session.turn_policy)
         turn = self.loop.submit_speech(speech, delay_ms)
         self.query_one(Conversation).notice(f"turn {turn}: replaying {path.name}")
 

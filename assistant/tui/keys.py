@@ -8,6 +8,7 @@ from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.widgets import Input, RichLog
 
 from assistant.app import Session
@@ -50,6 +51,22 @@ class KeyActions(App[int]):
     fold: TurnFold
     records: list[TurnRecord]
     export_dir: Path
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Textual's ``notify``, plain text unless asked: messages hold paths and errors.
+
+        A path such as ``m[/x]`` read as markup raised ``MarkupError`` and took the app down;
+        ``models [old]/m`` lost its ``[old]``.
+        """
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def _idle_state(self) -> str:
         if not self.has_mic:

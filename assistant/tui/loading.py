@@ -23,7 +23,7 @@ class LoadingLine(Horizontal):
 
     def compose(self) -> ComposeResult:
         """The step and its seconds, then the bar."""
-        yield Static("loading", id="load-step")
+        yield Static("loading", id="load-step", markup=False)  # steps name paths: plain text
         yield ProgressBar(total=100, show_eta=False, id="load-bar")
 
     def tick(self) -> None:

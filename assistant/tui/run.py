@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from textual.app import App
 
 from assistant.app import Progress, Session, build_session
@@ -40,23 +41,27 @@ def run_tui(
     settings: Settings,
     *,
     input_wav: Path | None = None,
+    input_audio: np.ndarray | None = None,
     log_path: Path | None = None,
     events_path: Path | None = None,
     export_dir: Path | None = None,
 ) -> int:
     """Open the UI on the configured stages until ``q``; returns the exit status.
 
+    ``input_audio`` is ``input_wav`` already read (by the start-up check), so it is not read twice.
+
     With ``[metrics] port`` set, Prometheus metrics are served while the UI runs (the port is
     opened first: one in use fails before any model loads).
     """
     with serving(settings.metrics) as metrics:
-        return _run(settings, metrics, input_wav, log_path, events_path, export_dir)
+        return _run(settings, metrics, input_wav, input_audio, log_path, events_path, export_dir)
 
 
 def _run(
     settings: Settings,
     metrics: Metrics | None,
     input_wav: Path | None,
+    input_audio: np.ndarray | None,
     log_path: Path | None,
     events_path: Path | None,
     export_dir: Path | None,
@@ -88,7 +93,9 @@ def _run(
             metrics.attach(session.dialogue.decoder, settings.models.llm, asr_model)
         return session
 
-    app = AssistantApp(build, input_wav=input_wav, settings=settings, export_dir=export_dir)
+    app = AssistantApp(
+        build, input_wav=input_wav, input_audio=input_audio, settings=settings, export_dir=export_dir
+    )
     root = logging.getLogger()
     saved = root.handlers[:]
     root.handlers = [_UiLogHandler(app)]
@@ -104,7 +111,10 @@ def _run(
     code = 1
     try:
         with capture:
-            code = app.run() or 0
+            result = app.run()
+        # A crash returns None, with return_code 1 and the traceback printed (into the pipe:
+        # replayed below); q returns 0.
+        code = app.return_code if app.return_code is not None else (result or 0)
         return code
     finally:
         app.shutdown()

@@ -60,10 +60,10 @@ class SessionStats(Vertical):
         yield table
         with Horizontal(id="trends"):
             with Vertical(id="v2v-trend"):
-                yield Static(V2V_LABEL, id="v2v-label")
+                yield Static(V2V_LABEL, id="v2v-label", markup=False)
                 yield Sparkline([], id="v2v-spark")
             with Vertical(id="gpu-trend"):
-                yield Static("", id="gpu-label")
+                yield Static("", id="gpu-label", markup=False)
                 yield Sparkline([], id="gpu-spark")
 
     def on_mount(self) -> None:

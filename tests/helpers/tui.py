@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -38,6 +39,15 @@ def rescan_audio_devices() -> None:
 
     sd._terminate()
     sd._initialize()
+
+
+def no_audio_env(monkeypatch, tmp_path) -> None:
+    """As on a machine without a sound server (PortAudio lists no devices)."""
+    for key in list(os.environ):
+        if key.startswith(("PULSE", "ALSA")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PULSE_SERVER", f"unix:{tmp_path}/no-such-server")
+    rescan_audio_devices()
 
 
 async def wait_until(pilot, condition, timeout_s: float = 120.0) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -86,6 +87,44 @@ def test_run_output_without_input_is_refused_not_turned_into_a_text_chat(tmp_pat
     out = assistant("run", "--output", str(tmp_path / "r.wav"), tmp_path=tmp_path)
     assert_refused(out, f"--output {tmp_path / 'r.wav'} needs --input", "--input QUESTION.wav")
     assert not (tmp_path / "r.wav").exists()
+
+
+def header_rate_wav(path: Path, rate_hz: int) -> Path:
+    """1 s of 16 kHz silence whose header says ``rate_hz`` (a damaged or crafted file)."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(bytes(32_000))
+    data = bytearray(path.read_bytes())
+    data[24:32] = struct.pack("<II", rate_hz, 2 * rate_hz)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("rate_hz", "said"),
+    [(0, "a sample rate or channel count of 0 in its header"), (1, "sample rate 1 Hz is outside 8-192 kHz")],
+)
+def test_an_input_whose_header_has_an_impossible_rate_is_refused(tmp_path, rate_hz, said):
+    """0 Hz was a ZeroDivisionError traceback; 1 Hz made 32 kB into 4.4 hours of audio (9.7 GB)."""
+    wav = header_rate_wav(tmp_path / "q.wav", rate_hz)
+    assert_refused(assistant("run", "--input", str(wav), "--no-tui", tmp_path=tmp_path), said)
+
+
+def test_an_input_longer_than_max_input_minutes_is_refused_naming_the_flag(tmp_path):
+    """A 1.5 min question with ``--max-input-minutes 1``: said at once, before any model loads."""
+    wav = tmp_path / "long.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(bytes(2 * 16_000 * 90))
+    out = assistant("run", "--input", str(wav), "--no-tui", "--max-input-minutes", "1", tmp_path=tmp_path)
+    assert_refused(out, "holds 1.5 min of audio", "is 1 min (--max-input-minutes)", "trim")
+    bad = assistant("run", "--input", str(wav), "--max-input-minutes", "0", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "argument --max-input-minutes: 0 is out of range" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 FULL_DISK = """

@@ -75,9 +75,49 @@ def test_wav_in_wav_out_answers_and_logs_every_field(question_wav, tmp_path, whi
     assert "paris" in transcribe(whisper, read_wav(out)).lower()
 
 
+def test_output_to_a_device_node_a_symlink_and_a_fifo_writes_through_and_keeps_them(question_wav, tmp_path):
+    """``--output /dev/null`` (here a copy of it: ``mknod null c 1 3``) used to be renamed over,
+    as root turning the device into a WAV file; a symlink became a file; a FIFO hung the start.
+
+    One run writes the reply to a FIFO (a reader thread plays the listener) through a symlink
+    to it: the start-up check must not block, the reply must arrive whole, the link and the FIFO
+    stay. A second run writes to the device node, which stays a character device (1, 3).
+    """
+    import stat
+    import threading
+
+    fifo = tmp_path / "reply.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "reply.wav"
+    link.symlink_to(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = assistant("run", "--input", str(question_wav), "--output", str(link))
+    reader.join(timeout=30)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert got and got[0][:4] == b"RIFF" and len(got[0]) > 16_000, "no whole WAV came through the FIFO"
+    assert link.is_symlink() and stat.S_ISFIFO(fifo.lstat().st_mode)
+
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs root (CAP_MKNOD)")
+    result = assistant("run", "--input", str(question_wav), "--output", str(null))
+    assert result.returncode == 0, result.stderr[-2000:]
+    st = null.lstat()
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "reply.fifo", "reply.wav"]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"", "empty|not a WAV"), (b"RIFF\x00\x00garbage" * 50, "not a WAV"), (None, "no speech")],
+    [
+        (b"", "empty|not a readable audio file"),
+        (b"RIFF\x00\x00garbage" * 50, "not a readable audio file"),
+        (None, "no speech"),
+    ],
 )
 def test_bad_input_files_give_a_clear_error(tmp_path, content, message):
     path = tmp_path / "in.wav"

@@ -9,13 +9,8 @@ import wave
 import numpy as np
 import pytest
 
-from assistant.stages.asr import (
-    AsrModelNotFound,
-    AsrOptions,
-    AudioFileError,
-    Transcriber,
-    load_wav,
-)
+from assistant.stages.asr import AsrModelNotFound, AsrOptions, Transcriber
+from assistant.stages.audio_file import AudioFileError, load_wav
 from bench.speech import SAMPLE_RATE_HZ, speak
 from store.bundled import ModelStore
 
@@ -105,8 +100,10 @@ def test_pcm_bit_depths_decode_to_the_same_signal(tmp_path, width):
         w.writeframes(raw)
     audio = load_wav(path)
     assert audio.size == 2 * tone.size  # 1 s at 16 kHz
-    expected = np.interp(np.arange(audio.size) / 2, np.arange(tone.size), tone)
-    assert np.abs(audio - expected).max() < 0.02
+    # The tone itself at 16 kHz: the resampler interpolates band-limited, not linearly, so it
+    # rings for a millisecond where the file starts and stops abruptly mid-wave.
+    expected = 0.5 * np.sin(2 * np.pi * 440 * np.arange(audio.size) / 16_000)
+    assert np.abs(audio - expected)[16:-16].max() < 0.02
 
 
 def test_empty_wav_is_an_error(tmp_path):
@@ -123,22 +120,19 @@ def test_empty_wav_is_an_error(tmp_path):
 def test_random_bytes_and_missing_paths_are_errors(tmp_path):
     junk = tmp_path / "junk.wav"
     junk.write_bytes(np.random.default_rng(0).bytes(4096))
-    with pytest.raises(AudioFileError, match="not a WAV file"):
+    with pytest.raises(AudioFileError, match="not a readable audio file"):
         load_wav(junk)
     (tmp_path / "zero.wav").write_bytes(b"")
-    with pytest.raises(AudioFileError, match="not a WAV file"):
+    with pytest.raises(AudioFileError, match="not a readable audio file"):
         load_wav(tmp_path / "zero.wav")
     with pytest.raises(AudioFileError, match="no such audio file"):
         load_wav(tmp_path / "missing.wav")
 
 
-def test_24_bit_sox_file_names_the_conversion(tmp_path, speech_dir, question):
-    # sox writes a WAVE_FORMAT_EXTENSIBLE header for 24-bit, which wave reads only on 3.12+.
+def test_24_bit_sox_file_reads_as_the_same_speech(tmp_path, speech_dir, question):
+    # sox writes a WAVE_FORMAT_EXTENSIBLE header for 24-bit, which the stdlib's wave refused
+    # on 3.11 (the app read it with a sox hint); soundfile reads it.
     path = tmp_path / "deep.wav"
     sox([str(speech_dir / "question.wav"), "-b", "24", str(path)])
-    try:
-        audio = load_wav(path)
-    except AudioFileError as e:
-        assert "sox in.wav -r 16000 -c 1 -b 16 out.wav" in str(e)
-    else:
-        assert np.abs(audio - question).max() < 1e-3
+    audio = load_wav(path)
+    assert np.abs(audio - question).max() < 1e-3

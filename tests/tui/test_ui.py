@@ -26,6 +26,7 @@ from bench.speech import speak
 from tests.helpers.screen import screen_text
 from tests.helpers.tui import (
     builder,
+    no_audio_env,
     pipeline_threads,
     rescan_audio_devices,
     settings,
@@ -35,15 +36,6 @@ from tests.helpers.tui import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-
-
-def no_audio_env(monkeypatch, tmp_path) -> None:
-    """As on a machine without a sound server (PortAudio lists no devices)."""
-    for key in list(os.environ):
-        if key.startswith(("PULSE", "ALSA")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("PULSE_SERVER", f"unix:{tmp_path}/no-such-server")
-    rescan_audio_devices()
 
 
 @pytest.fixture(scope="module")
