@@ -33,7 +33,6 @@ The rules (docs/voice.md, "Turn taking" and "Speculation"):
 
 from __future__ import annotations
 
-import enum
 import itertools
 from dataclasses import dataclass, field
 
@@ -41,10 +40,6 @@ from assistant.events import (
     CancelReason,
     DiscardReason,
     Event,
-    OnsetEnded,
-    OverlapHeard,
-    OverlapVerdict,
-    ReplyResumed,
     SpeculationConfirmed,
     SpeechEnded,
     SpeechOnset,
@@ -67,64 +62,17 @@ from assistant.turns.actions import (
     Start,
     StopSpeaker,
 )
-from assistant.turns.overlap import Overlap, judge, starts_with_stop
+from assistant.turns.overlap import Overlap, OverlapRules
+from assistant.turns.rules import Attempt, MicBlock, TurnRules
 
-BARGE_IN_MODES = ("auto", "on", "off")
 __all__ = [  # the actions are the engine's vocabulary: importable from here
     "Action", "Attempt", "BargeIn", "Cancel", "Confirm", "ContinueTurn", "Discard", "Emit", "Judge",
     "MicBlock", "PauseReply", "ResumeReply", "Start", "StopSpeaker", "TurnEngine", "TurnRules",
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class TurnRules:
-    """What the engine is allowed to do.
-
-    ``barge_in``: whether user speech may interrupt a reply being played: ``auto`` while echo
-    cancellation has converged (full duplex), ``on`` always (headsets: the microphone is heard
-    during replies even without echo cancellation), ``off`` never. ``continuation_ms``: words
-    over the reply that begin this soon after its first audio continue the question; speech
-    over the reply shorter than ``min_words_ms`` only stops it when it says stop.
-    ``speculate``: start the turn's work at a pause. ``partials``: transcribe the utterance in
-    progress every ``partial_interval_ms`` of speech for the live transcript.
-    """
-
-    barge_in: str = "auto"
-    speculate: bool = True
-    partials: bool = False
-    partial_interval_ms: float = 700.0
-    continuation_ms: float = 1800.0
-    min_words_ms: float = 500.0
-
-    def __post_init__(self) -> None:
-        if self.barge_in not in BARGE_IN_MODES:
-            raise ValueError(f"barge-in {self.barge_in!r}: use one of {', '.join(BARGE_IN_MODES)}")
-
-
 @dataclass
-class Attempt:
-    """One run of a turn's work; a speculative one may be confirmed or discarded."""
-
-    id: int
-    turn_id: int
-    confirmed: bool
-    discarded: bool = False
-    cancelled: bool = False
-    audio_started: bool = False  # its first piece of audio went to the speaker: the floor is ours
-    first_audio_ns: int = 0
-
-
-class MicBlock(enum.Enum):
-    """What to do with the microphone block just captured (:meth:`TurnEngine.mic_block`)."""
-
-    IGNORE = "ignore"  # closed, or the reply is playing and the microphone is gated
-    RESTART = "restart"  # listening again: reset the endpointer, drain the microphone, skip this block
-    FEED = "feed"  # feed it; the last turn is still open to more speech
-    FEED_SEALED = "feed sealed"  # seal the endpointer first: new speech starts a new turn
-
-
-@dataclass
-class TurnEngine:
+class TurnEngine(OverlapRules):
     """The turn-taking state machine (not thread-safe: its owner calls it under one lock)."""
 
     rules: TurnRules = field(default_factory=TurnRules)
@@ -204,48 +152,6 @@ class TurnEngine:
                 return self._pause(playing[-1], event.turn_id, onset, now_ns)
         return []
 
-    def overlap_heard(self, turn_id: int, text: str, now_ns: int) -> list[Action]:
-        """The transcript of the speech over the reply (:class:`Judge`): resume, stop, cut or continue."""
-        ov = self.overlap
-        if ov is None or ov.turn_id != turn_id or not ov.judging:
-            return []
-        ov.judging = False
-        verdict = judge(text)
-        spoken_ms = _spoken_ms(ov)
-        if verdict is OverlapVerdict.BARGE_IN and spoken_ms < self.rules.min_words_ms:
-            verdict = OverlapVerdict.NOISE  # too short to take the floor (Whisper guesses at a hum)
-        if isinstance(ov.pending, SpeechEnded) and verdict is not OverlapVerdict.BARGE_IN:
-            self.overlap = None  # it is over already: the next speech over a reply is new
-        attempt = self._find(ov.attempt)
-        live = attempt if attempt is not None and not attempt.cancelled else None
-        heard = Emit(OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), verdict))
-        if verdict in (OverlapVerdict.NOISE, OverlapVerdict.BACKCHANNEL):
-            if ov.stale:  # the user went on meanwhile: judge the longer speech instead
-                ov.stale = False
-                return self._judge(ov) if ov.pending is not None else []
-            ov.ignored = True
-            if live is None:
-                return [heard]
-            paused_ms = (now_ns - ov.paused_t_ns) / 1e6
-            return [heard, ResumeReply(live.id), Emit(ReplyResumed(ov.reply_turn, now_ns, paused_ms))]
-        if verdict is OverlapVerdict.STOP:
-            ov.ignored = True
-            return [heard, *(self._barge_in(live, ov) if live is not None else [StopSpeaker()])]
-        if ov.continuation and not starts_with_stop(text):
-            words = OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), OverlapVerdict.CONTINUATION)
-            heard = Emit(words)
-            actions: list[Action] = [heard]
-            if live is not None:
-                live.cancelled = True
-                actions += [ContinueTurn(live.id, hold=not ov.rejoined), StopSpeaker()]
-        else:
-            actions = [heard, *(self._barge_in(live, ov) if live is not None else [])]
-        self.overlap = None  # words: from here on an ordinary turn
-        if ov.pending is not None:  # its pause or end came while it was judged: act on it now
-            assert isinstance(ov.pending, Event)
-            actions += self.handle(ov.pending, now_ns)
-        return actions
-
     def claim_audio(self, attempt_id: int, now_ns: int) -> bool:
         """The reply asks to play a piece: the floor is its own unless the user took it back."""
         attempt = self._find(attempt_id)
@@ -322,61 +228,5 @@ class TurnEngine:
         attempt.discarded = attempt.cancelled = True
         return [Discard(attempt.id, reason)]
 
-    def _barge_in(self, attempt: Attempt, ov: Overlap) -> list[Action]:
-        attempt.cancelled = True
-        return [BargeIn(attempt.id, attempt.turn_id, ov.onset_t_ns, ov.paused_t_ns), StopSpeaker()]
-
-    def _pause(
-        self, attempt: Attempt, turn_id: int, onset_t_ns: int, now_ns: int, rejoined: bool = False
-    ) -> list[Action]:
-        """Speech began over ``attempt``'s reply: hold the reply until the speech is judged."""
-        window_ns = self.rules.continuation_ms * 1e6
-        continuation = rejoined or onset_t_ns - attempt.first_audio_ns <= window_ns
-        self.overlap = Overlap(
-            attempt.id, attempt.turn_id, turn_id, onset_t_ns, now_ns, continuation, rejoined=rejoined
-        )
-        return [PauseReply(attempt.id, attempt.turn_id, onset_t_ns, turn_id)]
-
-    def _overlap_event(self, ov: Overlap, event: Event, now_ns: int) -> list[Action]:
-        """An endpointer event of the speech over the reply, before it was judged words."""
-        if isinstance(event, SpeechPaused | SpeechEnded):
-            ov.pending = event
-            if ov.ignored:
-                if isinstance(event, SpeechEnded):
-                    self.overlap = None  # over, and nothing to answer
-                return []
-            return [] if ov.judging else self._judge(ov)
-        if isinstance(event, SpeechResumed):
-            ov.pending = None
-            if ov.judging:
-                ov.stale = True
-            elif ov.ignored:  # more after "mm-hmm": hold the reply again and judge it all
-                ov.ignored = False
-                attempt = self._find(ov.attempt)
-                if attempt is not None and not attempt.cancelled:
-                    ov.paused_t_ns = now_ns
-                    return [PauseReply(attempt.id, attempt.turn_id, event.t_ns, ov.turn_id)]
-            return []
-        if isinstance(event, OnsetEnded) and not ov.judging and not ov.ignored:
-            self.overlap = None  # a click or a cough, too short to be a turn
-            attempt = self._find(ov.attempt)
-            verdict = Emit(OverlapHeard(ov.reply_turn, now_ns, ov.turn_id, "", OverlapVerdict.NOISE))
-            if attempt is None or attempt.cancelled:
-                return [verdict]
-            paused_ms = (now_ns - ov.paused_t_ns) / 1e6
-            return [verdict, ResumeReply(attempt.id), Emit(ReplyResumed(ov.reply_turn, now_ns, paused_ms))]
-        return []
-
-    def _judge(self, ov: Overlap) -> list[Action]:
-        assert isinstance(ov.pending, SpeechPaused | SpeechEnded)
-        ov.judging = True
-        return [Judge(ov.turn_id, ov.pending.audio)]
-
     def _find(self, attempt_id: int) -> Attempt | None:
         return next((a for a in self.attempts if a.id == attempt_id), None)
-
-
-def _spoken_ms(ov: Overlap) -> float:
-    """How long the speech over the reply lasted, onset to its last speech sample so far."""
-    end = ov.pending.speech_end_t_ns if isinstance(ov.pending, SpeechPaused | SpeechEnded) else 0
-    return max(0.0, (end - ov.onset_t_ns) / 1e6)

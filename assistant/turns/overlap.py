@@ -12,7 +12,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from assistant.events import OverlapVerdict
+from assistant.events import (
+    Event,
+    OnsetEnded,
+    OverlapHeard,
+    OverlapVerdict,
+    ReplyResumed,
+    SpeechEnded,
+    SpeechPaused,
+    SpeechResumed,
+)
+from assistant.turns.actions import (
+    Action,
+    BargeIn,
+    ContinueTurn,
+    Emit,
+    Judge,
+    PauseReply,
+    ResumeReply,
+    StopSpeaker,
+)
+from assistant.turns.rules import Attempt, TurnRules
 
 # What listeners say to show they are listening (after normalising: lower case, no
 # punctuation, hyphens as spaces). Whisper writes "mm-hmm" as "Mm-hmm.", "Mhm.", "Hmm." ...
@@ -118,3 +138,119 @@ class Overlap:
     rejoined: bool = False  # the endpointer joined the speech to the reply's own turn
     stale: bool = False  # speech came back while it was being judged
     pending: object = None
+
+
+class OverlapRules:
+    """The turn engine's rules for speech over a playing reply (mixed into ``TurnEngine``).
+
+    It keeps :attr:`overlap` (the speech being judged) and uses the engine's runs and rules.
+    """
+
+    rules: TurnRules
+    attempts: list[Attempt]
+    overlap: Overlap | None
+
+    def handle(self, event: Event, now_ns: int) -> list[Action]:
+        """The engine's: what one endpointer event does."""
+        raise NotImplementedError
+
+    def _find(self, attempt_id: int) -> Attempt | None:
+        raise NotImplementedError  # the engine's
+
+    def overlap_heard(self, turn_id: int, text: str, now_ns: int) -> list[Action]:
+        """The transcript of the speech over the reply (:class:`Judge`): resume, stop, cut or continue."""
+        ov = self.overlap
+        if ov is None or ov.turn_id != turn_id or not ov.judging:
+            return []
+        ov.judging = False
+        verdict = judge(text)
+        spoken_ms = _spoken_ms(ov)
+        if verdict is OverlapVerdict.BARGE_IN and spoken_ms < self.rules.min_words_ms:
+            verdict = OverlapVerdict.NOISE  # too short to take the floor (Whisper guesses at a hum)
+        if isinstance(ov.pending, SpeechEnded) and verdict is not OverlapVerdict.BARGE_IN:
+            self.overlap = None  # it is over already: the next speech over a reply is new
+        attempt = self._find(ov.attempt)
+        live = attempt if attempt is not None and not attempt.cancelled else None
+        heard = Emit(OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), verdict))
+        if verdict in (OverlapVerdict.NOISE, OverlapVerdict.BACKCHANNEL):
+            if ov.stale:  # the user went on meanwhile: judge the longer speech instead
+                ov.stale = False
+                return self._judge(ov) if ov.pending is not None else []
+            ov.ignored = True
+            if live is None:
+                return [heard]
+            paused_ms = (now_ns - ov.paused_t_ns) / 1e6
+            return [heard, ResumeReply(live.id), Emit(ReplyResumed(ov.reply_turn, now_ns, paused_ms))]
+        if verdict is OverlapVerdict.STOP:
+            ov.ignored = True
+            return [heard, *(self._barge_in(live, ov) if live is not None else [StopSpeaker()])]
+        if ov.continuation and not starts_with_stop(text):
+            words = OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), OverlapVerdict.CONTINUATION)
+            heard = Emit(words)
+            actions: list[Action] = [heard]
+            if live is not None:
+                live.cancelled = True
+                actions += [ContinueTurn(live.id, hold=not ov.rejoined), StopSpeaker()]
+        else:
+            actions = [heard, *(self._barge_in(live, ov) if live is not None else [])]
+        self.overlap = None  # words: from here on an ordinary turn
+        if ov.pending is not None:  # its pause or end came while it was judged: act on it now
+            assert isinstance(ov.pending, Event)
+            actions += self.handle(ov.pending, now_ns)
+        return actions
+
+    def _barge_in(self, attempt: Attempt, ov: Overlap) -> list[Action]:
+        attempt.cancelled = True
+        return [BargeIn(attempt.id, attempt.turn_id, ov.onset_t_ns, ov.paused_t_ns), StopSpeaker()]
+
+    def _pause(
+        self, attempt: Attempt, turn_id: int, onset_t_ns: int, now_ns: int, rejoined: bool = False
+    ) -> list[Action]:
+        """Speech began over ``attempt``'s reply: hold the reply until the speech is judged."""
+        window_ns = self.rules.continuation_ms * 1e6
+        continuation = rejoined or onset_t_ns - attempt.first_audio_ns <= window_ns
+        self.overlap = Overlap(
+            attempt.id, attempt.turn_id, turn_id, onset_t_ns, now_ns, continuation, rejoined=rejoined
+        )
+        return [PauseReply(attempt.id, attempt.turn_id, onset_t_ns, turn_id)]
+
+    def _overlap_event(self, ov: Overlap, event: Event, now_ns: int) -> list[Action]:
+        """An endpointer event of the speech over the reply, before it was judged words."""
+        if isinstance(event, SpeechPaused | SpeechEnded):
+            ov.pending = event
+            if ov.ignored:
+                if isinstance(event, SpeechEnded):
+                    self.overlap = None  # over, and nothing to answer
+                return []
+            return [] if ov.judging else self._judge(ov)
+        if isinstance(event, SpeechResumed):
+            ov.pending = None
+            if ov.judging:
+                ov.stale = True
+            elif ov.ignored:  # more after "mm-hmm": hold the reply again and judge it all
+                ov.ignored = False
+                attempt = self._find(ov.attempt)
+                if attempt is not None and not attempt.cancelled:
+                    ov.paused_t_ns = now_ns
+                    return [PauseReply(attempt.id, attempt.turn_id, event.t_ns, ov.turn_id)]
+            return []
+        if isinstance(event, OnsetEnded) and not ov.judging and not ov.ignored:
+            self.overlap = None  # a click or a cough, too short to be a turn
+            attempt = self._find(ov.attempt)
+            verdict = Emit(OverlapHeard(ov.reply_turn, now_ns, ov.turn_id, "", OverlapVerdict.NOISE))
+            if attempt is None or attempt.cancelled:
+                return [verdict]
+            paused_ms = (now_ns - ov.paused_t_ns) / 1e6
+            return [verdict, ResumeReply(attempt.id), Emit(ReplyResumed(ov.reply_turn, now_ns, paused_ms))]
+        return []
+
+    def _judge(self, ov: Overlap) -> list[Action]:
+        assert isinstance(ov.pending, SpeechPaused | SpeechEnded)
+        ov.judging = True
+        return [Judge(ov.turn_id, ov.pending.audio)]
+
+
+def _spoken_ms(ov: Overlap) -> float:
+    """How long the speech over the reply lasted, onset to its last speech sample so far."""
+    end = ov.pending.speech_end_t_ns if isinstance(ov.pending, SpeechPaused | SpeechEnded) else 0
+    return max(0.0, (end - ov.onset_t_ns) / 1e6)
