@@ -8,15 +8,14 @@ actions it returns. The decisions themselves are the engine's.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from assistant.events import BargeIn, MicLevel, ReplyPaused, SpeechEnded, SpeechPaused
+from assistant.events import BargeIn, MicLevel, ReplyPaused, SpeechEnded
 from assistant.stages.audio import AudioSink, Microphone, Speaker
 from assistant.stages.devices import DeviceLostError, DeviceWatch
 from assistant.stages.endpoint import TurnOptions
@@ -42,17 +41,8 @@ from assistant.turns.engine import (
     BargeIn as BargeInAction,
 )
 from assistant.turns.pipeline import VoicePipeline
-from assistant.turns.protocols import ReplyGate
-
-
-@dataclass
-class _Run:
-    """The thread, cancel flag and reply gate of one attempt of the engine."""
-
-    turn_id: int
-    cancel: threading.Event = field(default_factory=threading.Event)
-    gate: ReplyGate = field(default_factory=ReplyGate)
-    thread: threading.Thread = field(default_factory=threading.Thread)
+from assistant.turns.runs import TurnRuns
+from assistant.turns.side_asr import SideTranscripts
 
 
 class LiveLoop:
@@ -114,15 +104,12 @@ class LiveLoop:
         if duplex is not None and duplex.canceller is not None:
             pipeline.echo_report = duplex.report
         self.floor = threading.Lock()  # the engine and the runs: who speaks next
-        self.runs: dict[int, _Run] = {}  # attempt id -> its thread, cancel flag and gate
+        self.runs = TurnRuns(pipeline, self._sink, self._claim_audio, self._ended)
         self.current_turn = 0
         self._ids = threading.Lock()
         self._next_id = 1  # without an endpointer, turn ids come from here
         self.capture_thread = threading.Thread(target=self._capture, name="capture")
-        self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
-        self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
-        self.judgements: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue()
-        self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
+        self.side = SideTranscripts(pipeline, self._overlap_heard)
         watched = [d for d in (microphone, speaker) if isinstance(d, Microphone | Speaker)]
         self.watch = DeviceWatch(watched, pipeline.emit, lambda: self.current_turn)
 
@@ -133,9 +120,7 @@ class LiveLoop:
             if self.duplex is not None:  # before the capture thread: it owns the canceller after
                 self.duplex.start(self.pipeline.emit)
             self.capture_thread.start()
-            self.judge_thread.start()
-            if self.engine.rules.partials:
-                self.partial_thread.start()
+            self.side.start(self.engine.rules.partials)
         self.watch.start()
 
     def set_barge_in(self, mode: str) -> None:
@@ -251,7 +236,7 @@ class LiveLoop:
                 run.cancel.set()
             elif isinstance(action, Judge):
                 assert isinstance(action.audio, np.ndarray)
-                self.judgements.put((action.turn_id, action.audio))
+                self.side.judge(action.turn_id, action.audio)
             elif isinstance(action, StopSpeaker):
                 if self.speaker is not None:
                     self.speaker.stop()
@@ -266,29 +251,22 @@ class LiveLoop:
         with self.floor:
             return self.engine.claim_audio(attempt, time.monotonic_ns())
 
-    def _judge_worker(self) -> None:
-        """Transcribe speech over a reply and tell the engine its words (``overlap-asr`` thread)."""
-        while (item := self.judgements.get()) is not None:
-            turn, audio = item
-            text = self.pipeline.transcribe_overlap(turn, audio)
-            with self.floor:
-                self._apply(self.engine.overlap_heard(turn, text, time.monotonic_ns()))
+    def _overlap_heard(self, turn: int, text: str, now_ns: int) -> None:
+        """The words of speech over a reply (``overlap-asr`` thread): the engine decides."""
+        with self.floor:
+            self._apply(self.engine.overlap_heard(turn, text, now_ns))
 
     def _maybe_partial(self) -> None:
         """Hand the utterance in progress to the partial-transcript thread when it is due."""
         ep = self.endpointer
-        if ep is None or not self.engine.rules.partials or self.partials.full():
+        if ep is None or not self.engine.rules.partials or self.side.partial_busy():
             return
         in_speech = bool(ep.turn_id and not ep.silence_chunks and ep.chunks)
         audio_ms = 1000.0 * sum(c.size for c in ep.chunks) / 16000 if in_speech else 0.0
         with self.floor:
             due = self.engine.partial_due(audio_ms, in_speech)
         if due:
-            self.partials.put_nowait((ep.turn_id, np.concatenate(ep.chunks)))
-
-    def _partial_worker(self) -> None:
-        while (item := self.partials.get()) is not None:
-            self.pipeline.partial_transcript(*item)
+            self.side.partial(ep.turn_id, np.concatenate(ep.chunks))
 
     def submit_text(self, text: str) -> int:
         """Answer a typed message after the turn in progress; returns its turn id."""
@@ -311,31 +289,14 @@ class LiveLoop:
 
     def _start(self, start: Start) -> None:
         """Run the turn on its own thread after the runs before it (floor lock held)."""
-        before = [r.thread for r in self.runs.values()]
-        run = _Run(start.turn_id, gate=ReplyGate(start.confirmed))
-        run.gate.claim_audio = lambda: self._claim_audio(start.attempt)
-
-        def work() -> None:
-            try:
-                for thread in before:  # one turn at a time, in order
-                    thread.join()
-                if run.cancel.is_set():
-                    return
-                sink = self._sink()
-                if isinstance(start.first, str):
-                    self.pipeline.run_text_turn(start.turn_id, start.first, sink, run.cancel, run.gate)
-                else:
-                    assert isinstance(start.first, SpeechEnded | SpeechPaused)
-                    self.pipeline.run_turn(start.first, sink, run.cancel, run.gate)
-            finally:
-                with self.floor:
-                    self.engine.ended(start.attempt)
-                    del self.runs[start.attempt]
-
-        run.thread = threading.Thread(target=work, name=f"turn-{start.turn_id}")
-        self.runs[start.attempt] = run
         self.current_turn = start.turn_id
-        run.thread.start()
+        self.runs.start(start)
+
+    def _ended(self, attempt: int) -> None:
+        """A run's thread is done: it no longer holds the floor or the turn."""
+        with self.floor:
+            self.engine.ended(attempt)
+            del self.runs.runs[attempt]
 
     def _sink(self) -> AudioSink | None:
         """The speaker, or None (text only) while it is lost."""
@@ -353,13 +314,8 @@ class LiveLoop:
         self.watch.stop()
         if self.capture_thread.is_alive():
             self.capture_thread.join()
-        if self.partial_thread.is_alive():
-            self.partials.put(None)
-            self.partial_thread.join()
-        if self.judge_thread.is_alive():
-            self.judgements.put(None)
-            self.judge_thread.join()
+        self.side.stop()
         with self.floor:
-            threads = [r.thread for r in self.runs.values()]
+            threads = self.runs.threads()
         for thread in threads:
             thread.join()

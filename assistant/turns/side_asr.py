@@ -1,0 +1,64 @@
+"""The two transcriptions beside a turn's own: partial transcripts and speech over a reply.
+
+Each runs on its own thread (``partial-asr``, ``overlap-asr``) fed by the capture thread, so
+that the microphone is never held up by Whisper. Both use the pipeline's ASR under its lock
+(:meth:`VoicePipeline.partial_transcript`, :meth:`VoicePipeline.transcribe_overlap`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from assistant.turns.pipeline import VoicePipeline
+
+
+class SideTranscripts:
+    """The partial-transcript and overlap threads; ``heard(turn, text, now_ns)`` gets overlaps' words."""
+
+    def __init__(self, pipeline: VoicePipeline, heard: Callable[[int, str, int], None]) -> None:
+        self.pipeline = pipeline
+        self.heard = heard
+        self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
+        self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
+        self.judgements: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue()
+        self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
+
+    def start(self, partials: bool) -> None:
+        """Start the overlap thread, and the partial one when ``partials`` is on."""
+        self.judge_thread.start()
+        if partials:
+            self.partial_thread.start()
+
+    def partial_busy(self) -> bool:
+        """Whether a partial transcript is still waiting (the next one is not due then)."""
+        return self.partials.full()
+
+    def partial(self, turn: int, audio: np.ndarray) -> None:
+        """Transcribe the utterance in progress for the display (never waits)."""
+        self.partials.put_nowait((turn, audio))
+
+    def judge(self, turn: int, audio: np.ndarray) -> None:
+        """Transcribe speech over a reply; its words go to ``heard``."""
+        self.judgements.put((turn, audio))
+
+    def stop(self) -> None:
+        """End and join both threads."""
+        for thread, jobs in ((self.partial_thread, self.partials), (self.judge_thread, self.judgements)):
+            if thread.is_alive():
+                jobs.put(None)
+                thread.join()
+
+    def _partial_worker(self) -> None:
+        while (item := self.partials.get()) is not None:
+            self.pipeline.partial_transcript(*item)
+
+    def _judge_worker(self) -> None:
+        while (item := self.judgements.get()) is not None:
+            turn, audio = item
+            text = self.pipeline.transcribe_overlap(turn, audio)
+            self.heard(turn, text, time.monotonic_ns())
