@@ -20,7 +20,7 @@ from engines.verify import GateOptions
 from store.bundled import ModelStore
 from store.gguf_import import convert_into_store, stored_gguf_dir
 from store.records import repair_hints
-from store.resolve import ResolvedLlm, resolve_llm, resolve_llm_path
+from store.resolve import ResolvedLlm, resolve_llm
 
 if TYPE_CHECKING:
     from engines.selection import Probe
@@ -31,7 +31,7 @@ BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
 def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None = None) -> Path:
-    """Folder of the configured LLM (:func:`store.resolve.resolve_llm_path`), checked.
+    """Folder of the configured LLM (:func:`store.resolve.resolve_llm`), checked with its config.
 
     A GGUF is converted once into the store (:mod:`store.gguf_import`); ``progress`` hears
     that as ``convert`` events (``cached`` when it was converted already).
@@ -40,9 +40,10 @@ def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None =
         ModelNotFound: Nothing usable under that name, with the command that fixes it.
         CorruptModel, UnsupportedModel, FetchError: A GGUF that cannot be converted, or a store
             that cannot take it (each names the fix).
+        InvalidConfig: ``config.json`` is unreadable, or its sizes do not fit the weights.
     """
     store = ModelStore(settings.store_dir)
-    return resolve_llm_path(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
+    return resolve_llm(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress)).path
 
 
 def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) -> Path:

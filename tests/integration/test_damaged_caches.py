@@ -25,6 +25,7 @@ import torch
 
 from assistant.config import ModelSettings
 from assistant.stages.dialogue import Dialogue
+from assistant.stages.llm import resolve_llm_dir
 from assistant.stages.tokenizer import load_tokenizer
 from bench.speech import speak
 from engines.cache_lock import OWNER_FILE
@@ -230,6 +231,66 @@ def test_config_json_missing_a_setting_is_named_with_the_fix(model_dir, tmp_path
     with pytest.raises(InvalidConfig) as info:
         DecoderConfig.from_dir(folder)
     assert str(folder / "config.json") in str(info.value) and expected in str(info.value)
+
+
+SIZE_DAMAGE = {
+    # setting changed in SmolLM2's config.json -> what the message says (the weights: 30 layers, 576 wide)
+    "layers": ({"num_hidden_layers": 1_000_000}, "'num_hidden_layers' is 1,000,000, but {w} holds 30 layers"),
+    "hidden": (
+        {"hidden_size": 999_999},
+        "'hidden_size' is 999,999, but {w} holds embed_tokens.weight of shape",
+    ),
+    "vocab": ({"vocab_size": 1000}, "'vocab_size' is 1,000, but {w} holds embed_tokens.weight"),
+    "mlp": (
+        {"intermediate_size": 7},
+        "'intermediate_size' is 7, but {w} holds layers.0.mlp.down_proj.weight",
+    ),
+    "heads": ({"num_attention_heads": 18}, "'num_attention_heads' x 'head_dim' (18 x 64) is 1,152, but {w}"),
+}
+
+
+@pytest.mark.parametrize("damage", SIZE_DAMAGE)
+def test_config_sizes_the_weights_do_not_have_are_refused_before_anything_is_built(
+    model_dir, tmp_path, damage
+):
+    """Checked against the safetensors header only: a million layers were built until memory ran out."""
+    folder = link_model(model_dir, tmp_path / "model", manifest=False)
+    change, expected = SIZE_DAMAGE[damage]
+    replace(
+        folder / "config.json",
+        json.dumps({**json.loads((model_dir / "config.json").read_text()), **change}).encode(),
+    )
+    with pytest.raises(InvalidConfig) as info:
+        resolve_llm_dir(ModelSettings(llm=str(folder)))
+    text = str(info.value)
+    assert (
+        text.startswith(f"{folder / 'config.json'}: ")
+        and expected.format(w=folder / "model.safetensors") in text
+    )
+    assert text.endswith(
+        f"the config does not belong to these weights; replace {folder} with an intact copy of the model"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [{"hidden_size": 999_999}, {"hidden_size": 577}])
+def test_cli_names_an_impossible_hidden_size_in_one_line(model_dir, tmp_path, setting):
+    """It was blamed on the tokenizer files, or shown as a 275-line dump of mismatched shapes."""
+    folder = link_model(model_dir, tmp_path / "model", manifest=False)
+    replace(
+        folder / "config.json",
+        json.dumps({**json.loads((model_dir / "config.json").read_text()), **setting}).encode(),
+    )
+    out = assistant("chat", "--model", str(folder), "--backend", "pytorch", stdin="hi\n")
+    assert out.returncode == 2, out.stderr
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        line.startswith(f"error: {folder / 'config.json'}: 'hidden_size' is ")
+        and "embed_tokens.weight" in line
+    )
+    assert (
+        "size mismatch" not in out.stderr and "tokenizer" not in out.stderr and "Traceback" not in out.stderr
+    )
 
 
 @pytest.mark.slow
