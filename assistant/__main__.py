@@ -73,25 +73,35 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+# SIGHUP (the terminal was closed) ends a command as SIGTERM does, with its clean-up; it used to
+# kill it on the spot, leaving its temporary folders. Under nohup (SIGHUP ignored) it stays ignored.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``assistant`` console script.
 
     Ctrl-C while the app starts (imports, model loading) ends it with one line and status
     130, not a traceback; once running, each mode handles Ctrl-C itself. SIGTERM becomes
-    ``SystemExit(143)`` in the main thread, so a terminated command unwinds like Ctrl-C does:
-    sessions close, temporary folders go (``run_live`` and the UI take SIGTERM over for their
-    own clean stop).
+    ``SystemExit(143)`` in the main thread, and SIGHUP ``SystemExit(129)``, so a terminated
+    command unwinds like Ctrl-C does: sessions close, temporary folders go (``run_live`` and the
+    UI take both over for their own clean stop).
     """
     argv = sys.argv[1:] if argv is None else argv
     try:
         if threading.current_thread() is not threading.main_thread():
             return _main(argv)
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        previous = {
+            s: signal.signal(s, _exit_on_sigterm)
+            for s in STOP_SIGNALS
+            if signal.getsignal(s) is not signal.SIG_IGN
+        }
         try:
             return _main(argv)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                if handler is not None:
+                    signal.signal(s, handler)
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         return 130

@@ -101,8 +101,10 @@ class AssistantApp(TurnFeed):
         self.query_one(Conversation).border_title = "conversation"
         self.set_focus(None)  # a focused Input would swallow the keys
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            # SIGTERM quits like q: the turn stopped, threads joined, temporary files removed.
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.action_quit_app)
+            # SIGTERM and SIGHUP (the terminal closed) quit like q: the turn stopped, threads
+            # joined, temporary files removed.
+            for stop in (signal.SIGTERM, signal.SIGHUP):
+                asyncio.get_running_loop().add_signal_handler(stop, self.action_quit_app)
         self.start_drain()
         if self.gpu is not None and self.gpu.available:
             self.set_interval(GPU_POLL_S, self._poll_gpu)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.speech import speak
 from store.bundled import DEFAULT_LLM
 from store.leftovers import OWNER
 
@@ -115,3 +116,34 @@ def test_a_killed_fetch_is_named_by_models_list_and_removed_by_engine_clear_and_
     assert fetched.returncode == 0, fetched.stderr
     assert f"removed {left} (2 MB), left by an interrupted fetch" in fetched.stdout
     assert not left.exists() and running.is_dir() and (store / "models" / DEFAULT_LLM).is_dir()
+
+
+@pytest.mark.slow
+def test_sighup_cleans_up_like_sigterm_and_a_start_removes_what_dead_processes_left(tmp_path):
+    """A closed terminal (SIGHUP) used to end the app on the spot, leaving ``assistant-tts-*``."""
+    speak("What is the capital of France?", tmp_path, "question")
+    tmp = tmp_path / "tmp"
+    dead = tmp / f"assistant-tts-{ended_pid()}-k1ll3d"  # left by a process killed with -9
+    alive = tmp / f"assistant-tts-{os.getpid()}-b5y"  # another instance, at work
+    older = tmp / "assistant-tts-x7ab9cd"  # an earlier version's: no pid to judge by
+    for folder in (dead, alive, older):
+        folder.mkdir(parents=True)
+        (folder / "say.wav").write_bytes(b"\0" * 1000)
+    cmd = [sys.executable, "-m", "assistant", "run", "--input", str(tmp_path / "question.wav"),
+           "--output", str(tmp_path / "reply.wav"), "--backend", "pytorch"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def own() -> list[Path]:
+        return [p for p in tmp.glob("assistant-tts-*") if p not in (dead, alive, older)]
+
+    deadline = time.monotonic() + 240
+    while not own() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p.name.split("-")[2] for p in own()] == [str(proc.pid)], "TTS never started, or without its pid"
+    assert proc.poll() is None, "the turn ended before the signal"
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, stderr
+    assert not own() and "Traceback" not in stderr
+    assert not dead.exists() and alive.is_dir() and older.is_dir()
