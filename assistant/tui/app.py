@@ -73,6 +73,7 @@ class AssistantApp(TurnFeed):
         self.export_dir = export_dir or Path.cwd()
         self.gpu = GpuMonitor() if gpu else None
         self.session: Session | None = None
+        self.load_error: BaseException | None = None  # why the session could not be built
         self.loop: LiveLoop | None = None
         self.listening = True
         self.muted = False
@@ -144,6 +145,7 @@ class AssistantApp(TurnFeed):
         if self.quitting:  # the cancelled load has closed what it opened: now exit
             self.exit(0)
             return
+        self.load_error = message.error
         self.query_one("#loading").display = False
         self.query_one(Conversation).notice(f"error: {message.error}", error=True)
         self.query_one(StatusBar).set(state="error")

@@ -293,6 +293,40 @@ def test_cli_names_an_impossible_hidden_size_in_one_line(model_dir, tmp_path, se
     )
 
 
+BOOM = "{{ raise_exception('template boom') }}"
+# SmolLM2's own template, which raises on a message with "again": the first turn is answered.
+LATE_BOOM = (
+    "{% for m in messages %}{% if 'again' in m['content'] %}{{ raise_exception('template boom') }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "template"),
+    [("chat", BOOM), ("chat", LATE_BOOM), ("run", BOOM)],
+    ids=["chat at start", "chat at the second turn", "run --input"],
+)
+def test_a_chat_template_that_raises_is_one_line_naming_the_template_file(model_dir, tmp_path, how, template):
+    """It was a traceback ending in jinja2's 'TemplateError: template boom'."""
+    folder = link_model(model_dir, tmp_path / "model", manifest=False)
+    original = (model_dir / "chat_template.jinja").read_text()
+    text = template + original if template == LATE_BOOM else template
+    replace(folder / "chat_template.jinja", text.encode())
+    if how == "chat":
+        out = assistant("chat", "--model", str(folder), "--backend", "pytorch", "--max-new-tokens", "4",
+                        stdin="Hello.\nAnd again?\n")  # fmt: skip
+    else:
+        speak("What is the capital of France?", tmp_path, "question")
+        out = assistant("run", "--model", str(folder), "--backend", "pytorch", "--input",
+                        str(tmp_path / "question.wav"), "--output", str(tmp_path / "reply.wav"))  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    named = f"error: the chat template in {folder / 'chat_template.jinja'} fails (TemplateError: "
+    fix = f"template boom); fix the template or replace {folder} with an intact copy of the model"
+    assert named + fix in out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("template boom") == 1, out.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tokenizer.json", "config.json"])
 def test_cli_names_the_damaged_file_instead_of_a_traceback(model_dir, tmp_path, name):
