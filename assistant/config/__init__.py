@@ -31,6 +31,7 @@ from assistant.config.sections import (
 )
 from engines.base import GenerationOptions
 from engines.bounds import bounds, out_of_bounds
+from engines.serving.address import BadServerAddress, parse_server_address
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
 from store.bundled import DEFAULT_LLM
@@ -94,6 +95,14 @@ class DecoderSettings:
     compile: bool = False  # pytorch: torch.compile the CUDA graphs (slower start, faster steps)
     # host:port of 'assistant serve' (Triton): decode there instead of here; the rest stays local.
     server: str = ""
+
+    def __post_init__(self) -> None:
+        """Read ``server`` in the forms 'assistant serve' prints (engines.serving.address)."""
+        if self.server:
+            try:
+                self.server = parse_server_address(self.server)
+            except BadServerAddress as e:
+                raise ValueError(f"server (--llm-server) {e}") from e
 
 
 # The ranges of the engine's options, so that they are defined once (engines/base.py).

@@ -221,6 +221,41 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
         state["server"].stop()
 
 
+def test_a_station_connects_with_the_address_serves_banner_prints(server) -> None:
+    """``grpc://HOST:PORT``, as the banner prints it: gRPC's client said "Misformatted domain name"."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "assistant",
+        "chat",
+        "--llm-server",
+        f"grpc://{server.url}",
+        "--max-new-tokens",
+        "8",
+    ]
+    out = subprocess.run(
+        cmd, input="What is the capital of France?\n", capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"decoding on the LLM server {server.url}" in out.stderr and "Paris" in out.stdout, out
+
+
+def test_a_refused_or_impossible_llm_server_address_is_one_line_naming_the_flag() -> None:
+    """Nothing listening: said at the first refusal (gRPC's client retried 8.7 s, then failed)."""
+    port = free_port()
+    cases = {
+        f"grpc://127.0.0.1:{port}": f"error: nothing listens at 127.0.0.1:{port} (connection refused); "
+        "start 'assistant serve' there or check --llm-server",
+        "127.0.0.1:99999": "server (--llm-server) '127.0.0.1:99999': port 99999 is out of range (1 to 65535)",
+        "http://127.0.0.1:8001": "'assistant serve' speaks gRPC, not HTTP; write HOST:PORT or grpc://HOST:PORT",
+    }
+    for address, says in cases.items():
+        cmd = [sys.executable, "-m", "assistant", "chat", "--llm-server", address]
+        out = subprocess.run(cmd, input="hi\n", capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and says in out.stderr, (address, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
 def test_serve_names_a_port_in_use() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
