@@ -37,10 +37,10 @@ def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
 def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
     """Refuse a context too small for the prompt, with the tokenizer only (no model loads)."""
     from assistant.modes.preflight import check_context
-    from assistant.stages.llm import resolve_llm_dir
+    from assistant.stages.llm import resolve_llm_config
     from assistant.stages.tokenizer import load_tokenizer
 
-    check_context(settings, lambda: load_tokenizer(resolve_llm_dir(settings.models)), flags)
+    check_context(settings, lambda: load_tokenizer(resolve_llm_config(settings.models).path), flags)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from assistant.config import Settings
-from assistant.stages.llm import engine_cache_dir, onnx_dtype, resolve_llm_dir
+from assistant.stages.llm import engine_cache_dir, onnx_dtype, resolve_llm_config
 from engines.tensorrt.options import FLAVOURS, PRECISIONS, EngineOptions
 from store.records import repair_hints
 
@@ -115,7 +115,7 @@ def run_engine(args: argparse.Namespace, settings: Settings) -> int:
     if command == "clear":
         return _clear(args, settings)
     # export, build and verify load the model: name the fix of a damaged one (models/ does not)
-    model_dir = resolve_llm_dir(settings.models)
+    model_dir = resolve_llm_config(settings.models).path  # a config that does not fit its weights: named
     with repair_hints(model_dir):
         if command == "export":
             return _export(args, settings, model_dir)

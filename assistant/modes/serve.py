@@ -262,10 +262,10 @@ def run_server(options: ServeOptions, settings: ServeSettings, out: TextIO = sys
 
 def serve_command(settings: Settings) -> int:
     """``assistant serve``: the configured model behind Triton until Ctrl-C; returns the exit status."""
-    from assistant.stages.llm import resolve_llm_dir
+    from assistant.stages.llm import resolve_llm_config
     from store.records import repair_hints
 
-    model_dir = resolve_llm_dir(settings.models)
+    model_dir = resolve_llm_config(settings.models).path  # a config that does not fit its weights: named
     with repair_hints(model_dir):  # a damaged model's error names the fix (models/ does not)
         return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
 

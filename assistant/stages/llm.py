@@ -20,7 +20,7 @@ from engines.verify import GateOptions
 from store.bundled import ModelStore
 from store.gguf_import import convert_into_store, stored_gguf_dir
 from store.records import repair_hints
-from store.resolve import ResolvedLlm, resolve_llm
+from store.resolve import ResolvedLlm, resolve_llm, resolve_llm_path
 
 if TYPE_CHECKING:
     from engines.selection import Probe
@@ -31,7 +31,7 @@ BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "tensorrt-rtx", "auto")
 
 
 def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None = None) -> Path:
-    """Folder of the configured LLM (:func:`store.resolve.resolve_llm`), checked with its config.
+    """Folder of the configured LLM (:func:`store.resolve.resolve_llm_path`), checked.
 
     A GGUF is converted once into the store (:mod:`store.gguf_import`); ``progress`` hears
     that as ``convert`` events (``cached`` when it was converted already).
@@ -40,10 +40,24 @@ def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None =
         ModelNotFound: Nothing usable under that name, with the command that fixes it.
         CorruptModel, UnsupportedModel, FetchError: A GGUF that cannot be converted, or a store
             that cannot take it (each names the fix).
+    """
+    store = ModelStore(settings.store_dir)
+    return resolve_llm_path(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
+
+
+def resolve_llm_config(settings: ModelSettings, progress: ProgressCallback | None = None) -> ResolvedLlm:
+    """:func:`resolve_llm_dir` with its ``config.json`` read and its sizes checked against the weights.
+
+    For the commands that use the folder before :func:`load_llm` (the context check's tokenizer,
+    ``engine``, ``serve``): a config that does not fit its weights is named before anything
+    trips on it (:func:`models.shapes.check_sizes`).
+
+    Raises:
+        ModelNotFound, CorruptModel, UnsupportedModel, FetchError: As :func:`resolve_llm_dir`.
         InvalidConfig: ``config.json`` is unreadable, or its sizes do not fit the weights.
     """
     store = ModelStore(settings.store_dir)
-    return resolve_llm(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress)).path
+    return resolve_llm(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
 
 
 def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) -> Path:

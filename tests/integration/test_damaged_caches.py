@@ -25,7 +25,7 @@ import torch
 
 from assistant.config import ModelSettings
 from assistant.stages.dialogue import Dialogue
-from assistant.stages.llm import resolve_llm_dir
+from assistant.stages.llm import resolve_llm_config
 from assistant.stages.tokenizer import load_tokenizer
 from bench.speech import speak
 from engines.cache_lock import OWNER_FILE
@@ -261,7 +261,7 @@ def test_config_sizes_the_weights_do_not_have_are_refused_before_anything_is_bui
         json.dumps({**json.loads((model_dir / "config.json").read_text()), **change}).encode(),
     )
     with pytest.raises(InvalidConfig) as info:
-        resolve_llm_dir(ModelSettings(llm=str(folder)))
+        resolve_llm_config(ModelSettings(llm=str(folder)))
     text = str(info.value)
     assert (
         text.startswith(f"{folder / 'config.json'}: ")
