@@ -29,6 +29,7 @@ from assistant.config.sections import (
     TurnOptions,
     VadOptions,
 )
+from assistant.config.store_path import StorePathError, check_store_dir
 from engines.base import GenerationOptions
 from engines.bounds import bounds, out_of_bounds
 from engines.serving.address import BadServerAddress, parse_server_address
@@ -332,4 +333,9 @@ def load_settings(
             section, _, key = dotted.partition(".")
             pending.add(settings, section, key, value, "command line")
     pending.apply(settings)
+    store_where = pending.values.get("models", {}).get("store_dir", (None, None))[1]
+    try:
+        check_store_dir(settings.models.store_dir, store_where, os.environ if env is None else env)
+    except StorePathError as e:
+        raise ConfigError(str(e)) from e
     return settings
