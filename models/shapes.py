@@ -88,3 +88,18 @@ def check_sizes(model_dir: Path, config: DecoderConfig) -> None:
                     f"{list(shape)} (dimension {axis} should be {value:,}); the config does not "
                     "belong to these weights"
                 )
+
+
+def parameter_count(model_dir: Path) -> int:
+    """Elements of the decoder's weights, from the safetensors headers (a tied head counted once).
+
+    Raises:
+        CorruptModel: A weight file's header is unreadable.
+    """
+    total = 0
+    for shape, _path in weight_shapes(model_dir).values():
+        count = 1
+        for size in shape:
+            count *= size
+        total += count
+    return total

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import struct
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,7 @@ from assistant.stages.tokenizer import load_tokenizer
 from bench.speech import speak
 from engines.cache_lock import OWNER_FILE
 from engines.driver import DecoderDriver
-from engines.onnx_export import SIDECAR, ExportOptions, check_export, export_decoder
+from engines.onnx_export import SIDECAR, ExportError, ExportOptions, check_export, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import build_engine
 from models.config import DecoderConfig, InvalidConfig
@@ -354,6 +356,38 @@ def tiny_model(tmp_path_factory) -> Path:
     for dtype in ("fp32", "fp16"):
         export_decoder(folder, ExportOptions(dtype=dtype))
     return folder
+
+
+@pytest.fixture
+def small_disk(tiny_model, tmp_path) -> Iterator[Path]:
+    """The tiny model (no exports) on a real tmpfs with 64 KiB to spare; skipped where mounting is refused."""
+    weights = sum(p.stat().st_size for p in tiny_model.iterdir() if p.is_file())
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", f"size={weights // 1024 + 64}k", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    shutil.copytree(tiny_model, mount / tiny_model.name, ignore=shutil.ignore_patterns("onnx"))
+    yield mount / tiny_model.name
+    subprocess.run(["umount", "--lazy", str(mount)], check=True)  # lazy: a file still open does not block it
+
+
+@pytest.mark.parametrize("when", ["before exporting", "while writing"])
+def test_a_full_disk_at_the_first_export_says_how_much_space_it_needs(small_disk, monkeypatch, when):
+    """It said only "[Errno 28] No space left on device"."""
+    from models.shapes import parameter_count
+
+    if when == "while writing":  # an estimate too low lets the export start and fill the disk
+        monkeypatch.setattr("engines.onnx_export.parameter_count", lambda d: parameter_count(d) // 8)
+    with pytest.raises(ExportError) as info:
+        export_decoder(small_disk, ExportOptions(dtype="fp32"))
+    said = str(info.value)
+    where = small_disk / "onnx"
+    assert said.startswith(f"no space left under {where} for the ONNX export (fp32): it needs about "), said
+    assert re.search(r"MB while it is written \([\d,]+ MB kept\), [\d,]+ MB are free; free some space there, "
+                     r"or decode with --backend pytorch \(no export\)$", said), said  # fmt: skip
+    assert not [p for p in (small_disk / "onnx").glob(".*") if p.is_dir()]  # no staging folder left
 
 
 def damage_export_record(folder: Path, how: str) -> None:
