@@ -69,7 +69,7 @@ def _tui(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
+def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if threading.current_thread() is not threading.main_thread():
             return _main(argv)
         previous = {
-            s: signal.signal(s, _exit_on_sigterm)
+            s: signal.signal(s, _exit_on_signal)
             for s in STOP_SIGNALS
             if signal.getsignal(s) is not signal.SIG_IGN
         }
