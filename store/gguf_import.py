@@ -27,12 +27,12 @@ from pathlib import Path
 from models.files import ModelNotFound
 from store.bundled import FetchError, ModelStore
 from store.gguf import Step, convert_gguf, inspect_gguf
+from store.leftovers import OWNER, sweep_staging
 from store.records import FILES, MANIFEST, HashMemo, check_model, publish_folder, read_manifest, record_files
 
 logger = logging.getLogger(__name__)
 
 HASHES = "gguf-hashes.json"
-OWNER = "owner.pid"  # in a conversion's temporary folder: the process writing it
 OLLAMA_BLOB = re.compile(r"sha256-[0-9a-f]{64}")  # ~/.ollama/models/blobs/sha256-<hex>
 SPLIT = re.compile(r"-\d{5}-of-\d{5}$")  # llama.cpp's split files: model-00001-of-00003.gguf
 HEADROOM_BYTES = 64 << 20  # tokenizer, config and safetensors headers besides the weights
@@ -94,18 +94,6 @@ def _store_error(store: ModelStore, e: OSError, need_bytes: int) -> FetchError:
     )
 
 
-def _remove_abandoned(models_dir: Path, name: str) -> None:
-    """Remove the temporary folders of conversions of ``name`` whose process is gone (killed)."""
-    for tmp in models_dir.glob(f".{name}-*"):
-        try:
-            pid = int((tmp / OWNER).read_text())
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (OSError, ValueError):
-            continue  # no owner recorded yet, or not ours to judge
-
-
 def stored_gguf_dir(gguf: Path, store: ModelStore, step: Step) -> Path | None:
     """The store folder converted from ``gguf`` earlier, or ``None``.
 
@@ -151,7 +139,7 @@ def convert_into_store(gguf: Path, store: ModelStore, step: Step) -> Path:
         free = shutil.disk_usage(store.models_dir).free
         if free < need:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        _remove_abandoned(store.models_dir, name)
+        sweep_staging(store.models_dir)  # what killed fetches and conversions left
         tmp = tempfile.mkdtemp(dir=store.models_dir, prefix=f".{name}-")
         Path(tmp, OWNER).write_text(str(os.getpid()))
     except OSError as e:

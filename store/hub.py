@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from models.files import ModelNotFound, check_model_dir
 from store.bundled import ModelStore
+from store.leftovers import staging_folder
 from store.records import MANIFEST, check_model, publish_folder, read_manifest
 
 logger = logging.getLogger(__name__)
@@ -83,9 +83,8 @@ def _download(model: HubModel, store: ModelStore, target: Path) -> Path:
 
     revision = model.revision or "main"
     logger.warning("downloading %s@%s from the Hugging Face hub into %s", model.repo_id, revision, target)
-    store.models_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=store.models_dir, prefix=f".{model.store_name}-") as tmp:
-        staged = Path(tmp) / "out"
+    with staging_folder(store.models_dir, model.store_name) as tmp:
+        staged = tmp / "out"
         try:
             commit = model_info(model.repo_id, revision=revision).sha
             if not commit:

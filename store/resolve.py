@@ -13,6 +13,7 @@ from pathlib import Path
 
 from models.config import DecoderConfig
 from models.files import FETCH_HINT, ModelNotFound
+from models.shapes import check_sizes
 from store.bundled import BUNDLED, ModelStore
 from store.gguf_import import find_gguf
 from store.hub import PREFIX as HUB_PREFIX
@@ -69,10 +70,16 @@ def resolve_llm_path(store: ModelStore, name: str, gguf_dir: GgufDir) -> Path:
 def resolve_llm(store: ModelStore, name: str, gguf_dir: GgufDir) -> ResolvedLlm:
     """:func:`resolve_llm_path`, and the folder's config read once (with the fix when damaged).
 
+    The config's sizes are checked against the weight files' headers (:func:`models.shapes.check_sizes`)
+    before anything reads the tokenizer or builds a layer.
+
     Raises:
         ModelNotFound, CorruptModel, UnsupportedModel, FetchError: As :func:`resolve_llm_path`.
-        InvalidConfig: ``config.json`` is not JSON or lacks a setting (names the file and fix).
+        InvalidConfig: ``config.json`` is not JSON, lacks a setting, or has a size the weights
+            do not have (names the setting, the files and the fix).
     """
     path = resolve_llm_path(store, name, gguf_dir)
     with repair_hints(path):
-        return ResolvedLlm(path, DecoderConfig.from_dir(path))
+        config = DecoderConfig.from_dir(path)
+        check_sizes(path, config)
+        return ResolvedLlm(path, config)

@@ -29,8 +29,10 @@ from assistant.config.sections import (
     TurnOptions,
     VadOptions,
 )
+from assistant.config.store_path import StorePathError, check_store_dir
 from engines.base import GenerationOptions
 from engines.bounds import bounds, out_of_bounds
+from engines.serving.address import BadServerAddress, parse_server_address
 from engines.tensorrt.options import EngineOptions
 from engines.verify import GateOptions
 from store.bundled import DEFAULT_LLM
@@ -94,6 +96,14 @@ class DecoderSettings:
     compile: bool = False  # pytorch: torch.compile the CUDA graphs (slower start, faster steps)
     # host:port of 'assistant serve' (Triton): decode there instead of here; the rest stays local.
     server: str = ""
+
+    def __post_init__(self) -> None:
+        """Read ``server`` in the forms 'assistant serve' prints (engines.serving.address)."""
+        if self.server:
+            try:
+                self.server = parse_server_address(self.server)
+            except BadServerAddress as e:
+                raise ValueError(f"server (--llm-server) {e}") from e
 
 
 # The ranges of the engine's options, so that they are defined once (engines/base.py).
@@ -333,4 +343,9 @@ def load_settings(
             section, _, key = dotted.partition(".")
             pending.add(settings, section, key, value, "command line")
     pending.apply(settings)
+    store_where = pending.values.get("models", {}).get("store_dir", (None, None))[1]
+    try:
+        check_store_dir(settings.models.store_dir, store_where, os.environ if env is None else env)
+    except StorePathError as e:
+        raise ConfigError(str(e)) from e
     return settings

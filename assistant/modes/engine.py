@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from assistant.config import Settings
-from assistant.stages.llm import engine_cache_dir, onnx_dtype, resolve_llm_dir
+from assistant.stages.llm import engine_cache_dir, onnx_dtype, resolve_llm_config
 from engines.tensorrt.options import FLAVOURS, PRECISIONS, EngineOptions
 from store.records import repair_hints
 
@@ -115,7 +115,7 @@ def run_engine(args: argparse.Namespace, settings: Settings) -> int:
     if command == "clear":
         return _clear(args, settings)
     # export, build and verify load the model: name the fix of a damaged one (models/ does not)
-    model_dir = resolve_llm_dir(settings.models)
+    model_dir = resolve_llm_config(settings.models).path  # a config that does not fit its weights: named
     with repair_hints(model_dir):
         if command == "export":
             return _export(args, settings, model_dir)
@@ -224,6 +224,8 @@ def _list(settings: Settings) -> int:
 def _clear(args: argparse.Namespace, settings: Settings) -> int:
     from engines.tensorrt.cache import check_entry, clear_entries
     from engines.tensorrt.tuning import tuning_caches
+    from store.bundled import ModelStore
+    from store.leftovers import sweep_staging
 
     cache_dir = engine_cache_dir(settings.models)
     if args.broken:
@@ -239,6 +241,9 @@ def _clear(args: argparse.Namespace, settings: Settings) -> int:
     for path, size_bytes in swept:
         freed += size_bytes
         print(f"removed {path} ({size_bytes / 1e6:.1f} MB), left by an interrupted build or export")
+    for path, size_bytes in sweep_staging(ModelStore(settings.models.store_dir).models_dir):
+        freed += size_bytes
+        print(f"removed {path} ({size_bytes / 1e6:.1f} MB), left by an interrupted fetch or conversion")
     if args.caches:
         for path in tuning_caches(cache_dir):
             freed += path.stat().st_size

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from assistant.config import Settings
 from store.bundled import BUNDLED, ModelStore
+from store.leftovers import abandoned_staging, folder_bytes
 from store.records import MANIFEST, recorded_files
 
 
@@ -53,6 +54,11 @@ def _list(store: ModelStore) -> int:
     if missing:
         names = [n + (" (optional)" if BUNDLED[n].optional else "") for n in missing]
         print(f"bundled but not fetched: {', '.join(names)}")
+    for staged in abandoned_staging(store.models_dir):
+        print(
+            f"left by an interrupted fetch: {staged} ({folder_bytes(staged) / 1e6:.0f} MB); the next "
+            "'assistant models fetch' or 'assistant engine clear' removes it"
+        )
     if any(BUNDLED[n].kind == "tts" for n in missing):
         print("the Piper voice is for --tts piper: scripts/setup.sh --piper installs it and piper-tts")
     return 0

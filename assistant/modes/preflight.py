@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from assistant.config import ConfigError, Settings
 from assistant.stages.audio_file import DEFAULT_MAX_INPUT_MINUTES
+from assistant.stages.tokenizer import render_chat
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,7 +34,7 @@ def prompt_overhead_tokens(tokenizer: Any, system_prompt: str) -> int:
     """
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": ""})
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = render_chat(tokenizer, messages)
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -180,7 +180,7 @@ def run_live(
     typed: TextIO | None = sys.stdin,
     duplex: Duplex | None = None,
 ) -> int:
-    """Listen and answer until Ctrl-C (SIGINT) or SIGTERM; closes streams and joins threads.
+    """Listen and answer until Ctrl-C (SIGINT), SIGTERM or SIGHUP; closes streams and joins threads.
 
     Each line read from ``typed`` (standard input) is answered as a typed turn, spoken too,
     after the turn in progress; the end of that input leaves the microphone listening.
@@ -202,7 +202,10 @@ def run_live(
     def stop(_sig: int, _frame: object) -> None:
         done.set()
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    stops = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # the terminal closed; not under nohup
+        stops.append(signal.SIGHUP)
+    previous = {s: signal.signal(s, stop) for s in stops}
     loop.start()
     # "listening" once the microphone delivers audio (a stream can open on a sound server that
     # is going away); one that stays silent is the device watch's to report, soon after.

@@ -15,6 +15,7 @@ import errno
 import importlib.util
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from assistant.config.sections import ServeSettings
 from engines.serving.wire import MODEL_NAME, ServeOptions, tokenizer_sha256, write_repository
+from store.leftovers import pid_alive, sweep_dead_pid_folders
 
 if TYPE_CHECKING:  # assistant.config imports this module for [serve]
     from assistant.config import DecoderSettings, Settings
@@ -143,6 +145,32 @@ def server_command(
     ]
 
 
+# Triton's Python backend names its shared memory <prefix><uuid4> in /dev/shm; the prefix holds our pid.
+SHM_DIR = Path("/dev/shm")
+SHM_REGION = re.compile(r"assistant(\d+)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+WORK_PREFIX = "assistant-serve-"  # + our pid: $TMPDIR/assistant-serve-<pid>-<random>/ (the repository)
+
+
+def sweep_dead_servers(shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Remove what an ``assistant serve`` killed with SIGKILL left: its shared memory and workspace.
+
+    Only of processes that are gone: a server running beside this one keeps its regions.
+    """
+    removed = sweep_dead_pid_folders(Path(tempfile.gettempdir()), WORK_PREFIX)
+    for region in sorted(shm_dir.glob("assistant*")) if shm_dir.is_dir() else []:
+        match = SHM_REGION.fullmatch(region.name)
+        if match is None or pid_alive(int(match.group(1))):
+            continue
+        try:
+            region.unlink()
+        except OSError as e:
+            logger.debug("cannot remove %s: %s", region, e)
+            continue
+        logger.info("removed %s, left by 'assistant serve' process %s, which is gone", region, match.group(1))
+        removed.append(region)
+    return removed
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when this process dies, even by SIGKILL (Linux)."""
     import ctypes
@@ -160,7 +188,8 @@ class TritonProcess:
         check_port_free(settings.host, settings.port)
         self.settings = settings
         self.url = f"{'[' + settings.host + ']' if ':' in settings.host else settings.host}:{settings.port}"
-        self.work = tempfile.TemporaryDirectory(prefix="assistant-serve-")
+        sweep_dead_servers()
+        self.work = tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-")
         work = Path(self.work.name)
         repository = work / "repository"
         write_repository(repository, options)
@@ -262,10 +291,10 @@ def run_server(options: ServeOptions, settings: ServeSettings, out: TextIO = sys
 
 def serve_command(settings: Settings) -> int:
     """``assistant serve``: the configured model behind Triton until Ctrl-C; returns the exit status."""
-    from assistant.stages.llm import resolve_llm_dir
+    from assistant.stages.llm import resolve_llm_config
     from store.records import repair_hints
 
-    model_dir = resolve_llm_dir(settings.models)
+    model_dir = resolve_llm_config(settings.models).path  # a config that does not fit its weights: named
     with repair_hints(model_dir):  # a damaged model's error names the fix (models/ does not)
         return run_server(serve_options(model_dir, settings.decoder, settings.serve), settings.serve)
 

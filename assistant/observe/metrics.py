@@ -16,7 +16,6 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,7 +24,6 @@ from prometheus_client import (
     Histogram,
     Info,
     disable_created_metrics,
-    start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
@@ -36,12 +34,9 @@ from assistant.events import AudioDeviceLost, BargeIn, Event, SpeculationDiscard
 from assistant.observe.duplex_metrics import DuplexMetrics
 from assistant.observe.gpu import GpuMonitor, GpuUnreadable
 from assistant.observe.latency import STAGES, TurnRecord
+from assistant.observe.metrics_http import BoundedMetricsServer, start_metrics_server
 from engines.base import Decoder
 from engines.progress import CACHES, REBUILD_REASONS, Cache, EngineProgress, Stage
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
 
 logger = logging.getLogger(__name__)
 
@@ -255,8 +250,8 @@ class Metrics:
         if decoder.fallback:
             self.fallbacks.labels(identity.label).inc()
 
-    def serve(self, options: MetricsOptions) -> WSGIServer:
-        """Serve ``/metrics`` on ``options.host:options.port`` in a daemon thread.
+    def serve(self, options: MetricsOptions) -> BoundedMetricsServer:
+        """Serve ``/metrics`` on ``options.host:options.port`` from a small fixed pool of threads.
 
         Raises:
             MetricsPortError: The port is taken (or not allowed), named with the flag to change.
@@ -269,7 +264,7 @@ class Metrics:
                 options.port,
             )
         try:
-            server, _thread = start_http_server(options.port, addr=options.host, registry=self.registry)
+            server = start_metrics_server(options.host, options.port, self.registry)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise MetricsPortError(

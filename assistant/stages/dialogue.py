@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from assistant.stages.tokenizer import render_chat
 from engines.base import Decoder, GenerationOptions, GenerationStats, TokenChunk
 from models.files import CorruptModel
 
@@ -123,7 +124,7 @@ class Dialogue:
                 {"role": "assistant", "content": turn.assistant},
             ]
         messages.append({"role": "user", "content": user})
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = render_chat(self.tokenizer, messages)  # ChatTemplateError names the template's file
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     @property

@@ -45,6 +45,21 @@ def resolve_llm_dir(settings: ModelSettings, progress: ProgressCallback | None =
     return resolve_llm_path(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
 
 
+def resolve_llm_config(settings: ModelSettings, progress: ProgressCallback | None = None) -> ResolvedLlm:
+    """:func:`resolve_llm_dir` with its ``config.json`` read and its sizes checked against the weights.
+
+    For the commands that use the folder before :func:`load_llm` (the context check's tokenizer,
+    ``engine``, ``serve``): a config that does not fit its weights is named before anything
+    trips on it (:func:`models.shapes.check_sizes`).
+
+    Raises:
+        ModelNotFound, CorruptModel, UnsupportedModel, FetchError: As :func:`resolve_llm_dir`.
+        InvalidConfig: ``config.json`` is unreadable, or its sizes do not fit the weights.
+    """
+    store = ModelStore(settings.store_dir)
+    return resolve_llm(store, settings.llm, lambda gguf, s: _gguf_dir(gguf, s, progress))
+
+
 def _gguf_dir(gguf: Path, store: ModelStore, progress: ProgressCallback | None) -> Path:
     """The store folder of ``gguf``, converting it first if needed.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ def load_tokenizer(model_dir: Path) -> Any:
     Raises:
         ModelNotFound: No tokenizer files.
         CorruptModel: A tokenizer file is not JSON of the expected shape (names the file).
+        ChatTemplateError: The chat template raises on a plain conversation (names its file).
     """
     try:
         tokenizer = tokenizer_class(model_dir).from_pretrained(model_dir)
@@ -32,7 +34,50 @@ def load_tokenizer(model_dir: Path) -> Any:
         ) from e
     if not tokenizer.chat_template:
         raise ModelNotFound(f"{model_dir} has no chat template; use an instruct/chat model")
+    render_chat(tokenizer, TRIAL_CONVERSATION)  # a template that raises is named at start, not mid-turn
     return tokenizer
+
+
+class ChatTemplateError(CorruptModel):
+    """The model's chat template raised while rendering a conversation (names the file)."""
+
+
+# A conversation every chat template renders: system prompt, an exchange and the next question.
+TRIAL_CONVERSATION = (
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello."},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "What is the capital of France?"},
+)
+
+
+def template_file(model_dir: Path) -> Path:
+    """The file a folder's chat template comes from, as transformers reads it.
+
+    ``chat_template.jinja`` when present, else ``chat_template.json``, else
+    ``tokenizer_config.json`` (its ``chat_template`` key).
+    """
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (model_dir / name).is_file():
+            return model_dir / name
+    return model_dir / "tokenizer_config.json"
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
+    """``messages`` through the tokenizer's chat template, with the generation prompt.
+
+    Raises:
+        ChatTemplateError: The template raised (its ``raise_exception``, a Jinja error, a
+            Python error inside it): one line naming the template's file and the fix.
+    """
+    try:
+        return str(tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True))
+    except Exception as e:  # a template may raise anything: TemplateError, TypeError, KeyError...
+        folder = Path(getattr(tokenizer, "name_or_path", "") or ".")
+        raise ChatTemplateError(
+            f"the chat template in {template_file(folder)} fails ({type(e).__name__}: {e}); "
+            f"fix the template or {repair_hint(folder)}"
+        ) from e
 
 
 # Model types for which AutoTokenizer loads the ``TokenizersBackend`` a tokenizer_config.json names

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import tempfile
 import threading
@@ -21,6 +22,7 @@ import numpy as np
 
 from assistant.config.sections import TtsOptions
 from assistant.stages.streams import resample
+from store.leftovers import sweep_dead_pid_folders
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ T = TypeVar("T")
 INSTALL_HINT = "apt-get install libespeak-ng1 espeak-ng"
 RENDER_TIMEOUT_S = 15.0  # espeak-ng renders ~100x faster than real time; this means it is stuck
 WARM_UP_TEXT = "Ready."
+TEMP_PREFIX = "assistant-tts-"  # + the pid: $TMPDIR/assistant-tts-<pid>-<random>/
 
 
 class TtsError(RuntimeError):
@@ -56,7 +59,9 @@ class Synthesizer:
         self._jobs: queue.Queue[tuple[Future[Any], Callable[[Any], Any]] | None] = queue.Queue()
         self._lock = threading.Lock()  # orders submissions against the stop sentinel
         self._closed = False
-        self._folder = tempfile.TemporaryDirectory(prefix="assistant-tts-")
+        # Named with the pid, so a start removes the folders of processes that are gone (SIGKILL).
+        sweep_dead_pid_folders(Path(tempfile.gettempdir()), TEMP_PREFIX)
+        self._folder = tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
         self._finished = threading.Event()  # set by espeak-ng's thread, via pyttsx3
         self._completed = False
         self._error: BaseException | None = None

@@ -76,6 +76,7 @@ class AssistantApp(TurnFeed):
         self.export_dir = export_dir or Path.cwd()
         self.gpu = GpuMonitor() if gpu else None
         self.session: Session | None = None
+        self.load_error: BaseException | None = None  # why the session could not be built
         self.loop: LiveLoop | None = None
         self.listening = True
         self.muted = False
@@ -104,8 +105,10 @@ class AssistantApp(TurnFeed):
         self.query_one(Conversation).border_title = "conversation"
         self.set_focus(None)  # a focused Input would swallow the keys
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            # SIGTERM quits like q: the turn stopped, threads joined, temporary files removed.
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.action_quit_app)
+            # SIGTERM and SIGHUP (the terminal closed) quit like q: the turn stopped, threads
+            # joined, temporary files removed.
+            for stop in (signal.SIGTERM, signal.SIGHUP):
+                asyncio.get_running_loop().add_signal_handler(stop, self.action_quit_app)
         self.start_drain()
         if self.gpu is not None and self.gpu.available:
             self.set_interval(GPU_POLL_S, self._poll_gpu)
@@ -145,6 +148,7 @@ class AssistantApp(TurnFeed):
         if self.quitting:  # the cancelled load has closed what it opened: now exit
             self.exit(0)
             return
+        self.load_error = message.error
         self.query_one("#loading").display = False
         self.query_one(Conversation).notice(f"error: {message.error}", error=True)
         self.query_one(StatusBar).set(state="error")

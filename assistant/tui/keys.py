@@ -48,6 +48,7 @@ class KeyActions(App[int]):
     has_mic: bool
     loop: LiveLoop | None
     session: Session | None
+    load_error: BaseException | None
     fold: TurnFold
     records: list[TurnRecord]
     export_dir: Path
@@ -135,6 +136,11 @@ class KeyActions(App[int]):
         message.input.value = ""
         self.action_leave_input()
         if not text:
+            return
+        if self.load_error is not None:  # it will never be ready: say why again, not "still loading"
+            self.query_one(Conversation).notice(
+                f"cannot answer: the start failed ({self.load_error}); quit with q", error=True
+            )
             return
         if self.loop is None or self.session is None:  # the session is set once it is ready
             self.query_one(Conversation).notice("still loading: try again in a moment")

@@ -24,6 +24,7 @@ import numpy as np
 
 from engines.base import Backend, BackendIdentity, ContextOverflow, GenerationOptions, TokenChunk
 from engines.driver import DecoderDriver, Detokenizer, StreamingGeneration
+from engines.serving.address import check_listening, parse_server_address
 from engines.serving.wire import (
     MODEL_NAME,
     OPTIONS,
@@ -141,7 +142,7 @@ class RemoteDecoder(DecoderDriver):
     def __init__(
         self, url: str, tokenizer: Detokenizer, eos_token_ids: Sequence[int], tokenizer_sha256: str = ""
     ) -> None:
-        self.url = url
+        self.url = parse_server_address(url)
         self.session = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.client: Any = None
@@ -162,6 +163,17 @@ class RemoteDecoder(DecoderDriver):
         except ImportError as e:
             raise ValueError("--llm-server needs tritonclient: run 'scripts/setup.sh --serve'") from e
 
+        try:
+            check_listening(self.url, CONNECT_TIMEOUT_S)  # a refusal in a millisecond, not gRPC's 8.7 s
+        except ConnectionRefusedError:
+            raise ServerUnavailable(
+                f"nothing listens at {self.url} (connection refused); start 'assistant serve' there "
+                "or check --llm-server"
+            ) from None
+        except OSError as e:
+            raise ServerUnavailable(
+                f"no LLM server answers at {self.url} ({e.strerror or e}); check --llm-server"
+            ) from None
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         last: Exception | None = None
         while time.monotonic() < deadline:

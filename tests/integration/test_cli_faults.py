@@ -67,6 +67,32 @@ def question_wav(tmp_path_factory) -> Path:
     return folder / "question.wav"
 
 
+@pytest.mark.parametrize("command", [["models", "fetch"], ["models", "list"], ["chat"]])
+def test_xdg_cache_home_naming_a_file_is_named_with_the_fix(tmp_path, command):
+    """``models fetch`` printed a bare ``[Errno 20] Not a directory``; ``chat`` said "not in the store"."""
+    cache = tmp_path / "cache-file"
+    cache.write_text("not a folder")
+    out = subprocess.run(
+        [sys.executable, "-m", "assistant", *command],
+        input=QUESTION,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**user_env(tmp_path), "XDG_CACHE_HOME": str(cache)},
+        timeout=300,
+    )
+    assert_refused(
+        out,
+        f"error: $XDG_CACHE_HOME={cache}: the model store {cache}/assistant cannot be created: {cache} is a "
+        "file, not a folder (the store is $XDG_CACHE_HOME/assistant); set XDG_CACHE_HOME to a folder or "
+        "unset it, or choose the store with --store DIR",
+    )
+    assert_refused(
+        assistant(*command, "--store", str(cache / "store"), tmp_path=tmp_path),
+        f"error: command line: [models] store_dir (--store): the model store {cache}/store cannot be created",
+    )
+
+
 @pytest.mark.parametrize(
     ("flag", "where"),
     [("--output", "missing"), ("--log", "missing"), ("--events", "missing"), ("--log", "proc")],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import struct
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +27,12 @@ import torch
 
 from assistant.config import ModelSettings
 from assistant.stages.dialogue import Dialogue
+from assistant.stages.llm import resolve_llm_config
 from assistant.stages.tokenizer import load_tokenizer
 from bench.speech import speak
 from engines.cache_lock import OWNER_FILE
 from engines.driver import DecoderDriver
-from engines.onnx_export import SIDECAR, ExportOptions, check_export, export_decoder
+from engines.onnx_export import SIDECAR, ExportError, ExportOptions, check_export, export_decoder
 from engines.tensorrt import builder, cache
 from engines.tensorrt.builder import build_engine
 from models.config import DecoderConfig, InvalidConfig
@@ -232,6 +235,100 @@ def test_config_json_missing_a_setting_is_named_with_the_fix(model_dir, tmp_path
     assert str(folder / "config.json") in str(info.value) and expected in str(info.value)
 
 
+SIZE_DAMAGE = {
+    # setting changed in SmolLM2's config.json -> what the message says (the weights: 30 layers, 576 wide)
+    "layers": ({"num_hidden_layers": 1_000_000}, "'num_hidden_layers' is 1,000,000, but {w} holds 30 layers"),
+    "hidden": (
+        {"hidden_size": 999_999},
+        "'hidden_size' is 999,999, but {w} holds embed_tokens.weight of shape",
+    ),
+    "vocab": ({"vocab_size": 1000}, "'vocab_size' is 1,000, but {w} holds embed_tokens.weight"),
+    "mlp": (
+        {"intermediate_size": 7},
+        "'intermediate_size' is 7, but {w} holds layers.0.mlp.down_proj.weight",
+    ),
+    "heads": ({"num_attention_heads": 18}, "'num_attention_heads' x 'head_dim' (18 x 64) is 1,152, but {w}"),
+}
+
+
+@pytest.mark.parametrize("damage", SIZE_DAMAGE)
+def test_config_sizes_the_weights_do_not_have_are_refused_before_anything_is_built(
+    model_dir, tmp_path, damage
+):
+    """Checked against the safetensors header only: a million layers were built until memory ran out."""
+    folder = link_model(model_dir, tmp_path / "model", manifest=False)
+    change, expected = SIZE_DAMAGE[damage]
+    replace(
+        folder / "config.json",
+        json.dumps({**json.loads((model_dir / "config.json").read_text()), **change}).encode(),
+    )
+    with pytest.raises(InvalidConfig) as info:
+        resolve_llm_config(ModelSettings(llm=str(folder)))
+    text = str(info.value)
+    assert (
+        text.startswith(f"{folder / 'config.json'}: ")
+        and expected.format(w=folder / "model.safetensors") in text
+    )
+    assert text.endswith(
+        f"the config does not belong to these weights; replace {folder} with an intact copy of the model"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [{"hidden_size": 999_999}, {"hidden_size": 577}])
+def test_cli_names_an_impossible_hidden_size_in_one_line(model_dir, tmp_path, setting):
+    """It was blamed on the tokenizer files, or shown as a 275-line dump of mismatched shapes."""
+    folder = link_model(model_dir, tmp_path / "model", manifest=False)
+    replace(
+        folder / "config.json",
+        json.dumps({**json.loads((model_dir / "config.json").read_text()), **setting}).encode(),
+    )
+    out = assistant("chat", "--model", str(folder), "--backend", "pytorch", stdin="hi\n")
+    assert out.returncode == 2, out.stderr
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        line.startswith(f"error: {folder / 'config.json'}: 'hidden_size' is ")
+        and "embed_tokens.weight" in line
+    )
+    assert (
+        "size mismatch" not in out.stderr and "tokenizer" not in out.stderr and "Traceback" not in out.stderr
+    )
+
+
+BOOM = "{{ raise_exception('template boom') }}"
+# SmolLM2's own template, which raises on a message with "again": the first turn is answered.
+LATE_BOOM = (
+    "{% for m in messages %}{% if 'again' in m['content'] %}{{ raise_exception('template boom') }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "template"),
+    [("chat", BOOM), ("chat", LATE_BOOM), ("run", BOOM)],
+    ids=["chat at start", "chat at the second turn", "run --input"],
+)
+def test_a_chat_template_that_raises_is_one_line_naming_the_template_file(model_dir, tmp_path, how, template):
+    """It was a traceback ending in jinja2's 'TemplateError: template boom'."""
+    folder = link_model(model_dir, tmp_path / "model", manifest=False)
+    original = (model_dir / "chat_template.jinja").read_text()
+    text = template + original if template == LATE_BOOM else template
+    replace(folder / "chat_template.jinja", text.encode())
+    if how == "chat":
+        out = assistant("chat", "--model", str(folder), "--backend", "pytorch", "--max-new-tokens", "4",
+                        stdin="Hello.\nAnd again?\n")  # fmt: skip
+    else:
+        speak("What is the capital of France?", tmp_path, "question")
+        out = assistant("run", "--model", str(folder), "--backend", "pytorch", "--input",
+                        str(tmp_path / "question.wav"), "--output", str(tmp_path / "reply.wav"))  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    named = f"error: the chat template in {folder / 'chat_template.jinja'} fails (TemplateError: "
+    fix = f"template boom); fix the template or replace {folder} with an intact copy of the model"
+    assert named + fix in out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("template boom") == 1, out.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tokenizer.json", "config.json"])
 def test_cli_names_the_damaged_file_instead_of_a_traceback(model_dir, tmp_path, name):
@@ -259,6 +356,38 @@ def tiny_model(tmp_path_factory) -> Path:
     for dtype in ("fp32", "fp16"):
         export_decoder(folder, ExportOptions(dtype=dtype))
     return folder
+
+
+@pytest.fixture
+def small_disk(tiny_model, tmp_path) -> Iterator[Path]:
+    """The tiny model (no exports) on a real tmpfs with 64 KiB to spare; skipped where mounting is refused."""
+    weights = sum(p.stat().st_size for p in tiny_model.iterdir() if p.is_file())
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", f"size={weights // 1024 + 64}k", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    shutil.copytree(tiny_model, mount / tiny_model.name, ignore=shutil.ignore_patterns("onnx"))
+    yield mount / tiny_model.name
+    subprocess.run(["umount", "--lazy", str(mount)], check=True)  # lazy: a file still open does not block it
+
+
+@pytest.mark.parametrize("when", ["before exporting", "while writing"])
+def test_a_full_disk_at_the_first_export_says_how_much_space_it_needs(small_disk, monkeypatch, when):
+    """It said only "[Errno 28] No space left on device"."""
+    from models.shapes import parameter_count
+
+    if when == "while writing":  # an estimate too low lets the export start and fill the disk
+        monkeypatch.setattr("engines.onnx_export.parameter_count", lambda d: parameter_count(d) // 8)
+    with pytest.raises(ExportError) as info:
+        export_decoder(small_disk, ExportOptions(dtype="fp32"))
+    said = str(info.value)
+    where = small_disk / "onnx"
+    assert said.startswith(f"no space left under {where} for the ONNX export (fp32): it needs about "), said
+    assert re.search(r"MB while it is written \([\d,]+ MB kept\), [\d,]+ MB are free; free some space there, "
+                     r"or decode with --backend pytorch \(no export\)$", said), said  # fmt: skip
+    assert not [p for p in (small_disk / "onnx").glob(".*") if p.is_dir()]  # no staging folder left
 
 
 def damage_export_record(folder: Path, how: str) -> None:

@@ -11,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -121,6 +123,39 @@ def test_a_host_other_than_loopback_is_served_with_a_warning(caplog):
 def test_an_address_that_cannot_be_bound_is_named_with_its_flags():
     with pytest.raises(MetricsPortError, match="--metrics-host and --metrics-port"):
         Metrics().serve(MetricsOptions(port=free_port(), host="192.0.2.1"))  # TEST-NET: not ours
+
+
+def test_a_flood_of_half_open_connections_grows_no_threads_and_scrapes_answer_after():
+    """500 connections that never send a byte (a real server on loopback), then a real scrape.
+
+    prometheus-client's own server started a thread per connection, each blocked for ever on
+    its silent socket; the bounded server keeps its accept thread and its few workers.
+    """
+    port = free_port()
+    server = Metrics().serve(MetricsOptions(port=port))
+    with_server = threading.active_count()
+    flood: list[socket.socket] = []
+    peak = with_server
+    try:
+        for _ in range(500):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            flood.append(s)
+        deadline = time.monotonic() + 3  # the old server had accepted them all well within this
+        while time.monotonic() < deadline:
+            peak = max(peak, threading.active_count())
+            time.sleep(0.05)
+    finally:
+        for s in flood:
+            s.close()
+    try:
+        assert peak <= with_server + 2, f"{peak - with_server} threads more during the flood"
+        assert scrape(port)[("assistant_turns_total", (("kind", "typed"),))] == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert threading.active_count() <= with_server - 4, "the accept thread and the workers are joined"
 
 
 @pytest.mark.gpu

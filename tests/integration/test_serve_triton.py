@@ -7,7 +7,9 @@ works against a restarted server with the conversation intact.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -219,6 +221,80 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
     finally:
         session.close()
         state["server"].stop()
+
+
+def test_a_station_connects_with_the_address_serves_banner_prints(server) -> None:
+    """``grpc://HOST:PORT``, as the banner prints it: gRPC's client said "Misformatted domain name"."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "assistant",
+        "chat",
+        "--llm-server",
+        f"grpc://{server.url}",
+        "--max-new-tokens",
+        "8",
+    ]
+    out = subprocess.run(
+        cmd, input="What is the capital of France?\n", capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"decoding on the LLM server {server.url}" in out.stderr and "Paris" in out.stdout, out
+
+
+def test_a_refused_or_impossible_llm_server_address_is_one_line_naming_the_flag() -> None:
+    """Nothing listening: said at the first refusal (gRPC's client retried 8.7 s, then failed)."""
+    port = free_port()
+    cases = {
+        f"grpc://127.0.0.1:{port}": f"error: nothing listens at 127.0.0.1:{port} (connection refused); "
+        "start 'assistant serve' there or check --llm-server",
+        "127.0.0.1:99999": "server (--llm-server) '127.0.0.1:99999': port 99999 is out of range (1 to 65535)",
+        "http://127.0.0.1:8001": "'assistant serve' speaks gRPC, not HTTP; write HOST:PORT or grpc://HOST:PORT",
+    }
+    for address, says in cases.items():
+        cmd = [sys.executable, "-m", "assistant", "chat", "--llm-server", address]
+        out = subprocess.run(cmd, input="hi\n", capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and says in out.stderr, (address, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
+def serve_until_ready(port: int, env: dict[str, str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "assistant", "serve", "--port", str(port), "--sequences", "2"]
+    proc = subprocess.Popen(
+        [*cmd, "--context-tokens", "512"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    while "stations connect with" not in (line := proc.stderr.readline()):
+        assert line, "serve ended before it was ready"
+    return proc
+
+
+def test_what_a_serve_killed_with_sigkill_left_is_removed_by_the_next_start(tmp_path) -> None:
+    """Its /dev/shm/assistant<pid>... regions and its temporary model repository stayed for good."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    killed = serve_until_ready(free_port(), env)
+    killed.kill()  # SIGKILL: no clean-up; tritonserver gets SIGTERM (PR_SET_PDEATHSIG) and goes
+    killed.wait(30)
+    time.sleep(6)  # tritonserver's --exit-timeout-secs
+    regions = list(Path("/dev/shm").glob(f"assistant{killed.pid}*"))
+    work = list(tmp.glob("assistant-serve-*"))
+    assert work, "the killed serve left no workspace (nothing to test)"
+    alive = Path("/dev/shm") / f"assistant{os.getpid()}12345678-1234-1234-1234-123456789abc"
+    alive.write_bytes(b"\0" * 4096)  # a region of a server that still runs (this process)
+    # and one as a kill -9 of the whole job (tritonserver and its stubs too) leaves it
+    regions.append(Path("/dev/shm") / f"assistant{killed.pid}0aa1b2c3-1234-4321-8765-0123456789ab")
+    regions[-1].write_bytes(b"\0" * 4096)
+    try:
+        again = serve_until_ready(free_port(), env)
+        again.send_signal(signal.SIGTERM)
+        again.wait(60)
+        assert alive.exists()
+    finally:
+        alive.unlink(missing_ok=True)
+    assert not any(p.exists() for p in regions + work), [p for p in regions + work if p.exists()]
+    assert not list(tmp.glob("assistant-serve-*"))  # and the second one removed its own
 
 
 def test_serve_names_a_port_in_use() -> None:

@@ -182,6 +182,36 @@ def source_outputs(env) -> list[str]:
 
 
 @pytest.mark.asyncio
+async def test_a_chat_template_that_raises_is_named_once_and_typing_says_the_start_failed(
+    model_dir, tmp_path, monkeypatch
+):
+    """It showed "error: template boom", then "still loading: try again" for every typed line, for ever."""
+    no_audio_env(monkeypatch, tmp_path)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in model_dir.iterdir():
+        if f.is_file() and f.name not in ("chat_template.jinja", "assistant-model.json"):
+            (folder / f.name).symlink_to(f)
+    (folder / "chat_template.jinja").write_text("{{ raise_exception('template boom') }}")
+    s = settings(**{"models.llm": str(folder), "decoder.backend": "pytorch"})
+    app = AssistantApp(builder(s), settings=s, gpu=False)
+    named = f"the chat template in {folder / 'chat_template.jinja'} fails (TemplateError: template boom)"
+
+    def notices() -> list[str]:
+        return [str(w.content) for w in app.query_one(Conversation).query(".notice")]
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: any(n.startswith("error:") for n in notices()))
+        await pilot.press("t", *"hello", "enter")
+        await pilot.pause()
+        shown = notices()
+        assert shown[-2].startswith(f"error: {named}; fix the template or replace {folder}"), shown
+        assert shown[-1].startswith(f"cannot answer: the start failed ({named}"), shown
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+@pytest.mark.asyncio
 async def test_the_app_ending_without_q_still_stops_listening_and_closes_the_devices(pulse, monkeypatch):
     """An exit that is not q (a failed test, an error): no capture thread or device watch outlives it."""
     for key, value in pulse.items():

@@ -8,6 +8,7 @@ decoder and compared with transformers' own load of the same file.
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,48 @@ def test_a_damaged_gguf_is_refused_with_the_fix_and_nothing_stored(tmp_path, dam
     with pytest.raises(CorruptModel, match=message):
         resolve(tmp_path / "store", bad)
     assert models_in(tmp_path / "store") == []
+
+
+def huge_declaration(kind: str) -> bytes:
+    """The audit's hostile header: one key whose value declares far more than the file holds."""
+    key = b"general.architecture"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    if kind == "array":  # an array of 2^40 uint8 items: 132 bytes in all, as in the issue
+        return head + struct.pack("<IIQ", 9, 0, 2**40) + bytes(64)
+    return head + struct.pack("<IQ", 8, 2**60) + bytes(64)  # a string of 2^60 bytes
+
+
+def test_a_string_longer_than_the_file_is_a_damaged_gguf(tmp_path):
+    """The reader took the 64 zero bytes after it for the architecture's name: 'unsupported model'."""
+    bad = tmp_path / "s.gguf"
+    bad.write_bytes(huge_declaration("string"))
+    with pytest.raises(CorruptModel, match=r"damaged or truncated GGUF file \(128 bytes; the value of key "):
+        resolve(tmp_path / "store", bad)
+    assert models_in(tmp_path / "store") == []
+
+
+def test_an_array_of_2_to_the_40_items_is_a_damaged_gguf_not_a_hang(tmp_path):
+    """In a child process, because the gguf reader looped on it while memory grew (15.5 GB at 180 s).
+
+    The timeout and the 4 GB address-space limit only keep the old code from hanging the suite;
+    the fix answers at once.
+    """
+    bad = tmp_path / "b.gguf"
+    bad.write_bytes(huge_declaration("array"))
+    assert bad.stat().st_size == 132
+    code = (
+        "import resource, sys; from pathlib import Path\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "from store.gguf import inspect_gguf\n"
+        "from models.files import CorruptModel\n"
+        "try:\n    inspect_gguf(Path(sys.argv[1]))\n"
+        "except CorruptModel as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    damaged = "is a damaged or truncated GGUF file (132 bytes; the value of key 'general.architecture' "
+    assert damaged in out.stdout
+    assert "(an array declared with 1,099,511,627,776 items)" in out.stdout and "re-download it" in out.stdout
 
 
 def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):

@@ -8,6 +8,8 @@ classes (no such checkpoints ship in a registry package); the math is the same a
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +18,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engines.cuda_graph import CudaGraphStep, GraphOptions
 from engines.driver import DecoderDriver
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
-from models.config import SUPPORTED_MODEL_TYPES, DecoderConfig, UnsupportedModel
+from models.config import SUPPORTED_MODEL_TYPES, DecoderConfig, InvalidConfig, UnsupportedModel
 from models.decoder import KVCache
+from models.shapes import check_sizes
 from models.weights import load_decoder
 from tests.helpers.families import (
     COMMON,
@@ -149,6 +152,15 @@ def test_family_configs_read_their_differences(family):
     }[name]  # fmt: skip
     assert sliding == expected.pop("sliding")
     assert {k: getattr(config, k) for k in expected} == expected
+
+
+def test_family_config_sizes_agree_with_its_weight_headers_and_a_changed_one_is_named(family):
+    """The start-up size check (models.shapes) passes every supported family's own weights."""
+    name, folder, *_ = family
+    config = DecoderConfig.from_dir(folder)
+    check_sizes(folder, config)  # no false alarm: fused Phi-3 projections, Gemma's head_dim...
+    with pytest.raises(InvalidConfig, match=r"'num_hidden_layers' is 1,000, but .* holds \d+ layers"):
+        check_sizes(folder, dataclasses.replace(config, num_layers=1000))
 
 
 @torch.inference_mode()
