@@ -141,7 +141,7 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argp
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
     """``[("run", its parser), ("models fetch", ...), ...]``: every (nested) subcommand."""
-    found = []
+    found: list[tuple[str, argparse.ArgumentParser]] = []
     for action in parser._actions:  # argparse has no public list of subparsers
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
