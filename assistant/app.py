@@ -7,7 +7,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,13 +219,6 @@ def build_session(
         mic, speaker, notice = open_audio(settings)
         if notice:
             notices.append(notice)
-    # ASR and the turn detector load on a helper thread while the LLM loads here: CTranslate2 and
-    # ONNX Runtime release the GIL, so on 2 cores the loads overlap (docs/benchmarks.md, "Start-up").
-    # Warm-ups stay sequential, below, so their reported times are not inflated by each other.
-    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-listening")
-    listening = None
-    if asr or (asr is None and mic is not None):
-        listening = helper.submit(_load_listening, settings)
     try:
         step(f"loading LLM {settings.models.llm}", 0.05)
         decoder, tokenizer = load_llm(
@@ -241,10 +233,10 @@ def build_session(
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()
         )
-        transcriber = turn_notice = None
-        if listening is not None:
+        transcriber = None
+        if asr or (asr is None and mic is not None):
             step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber, policy, turn_notice = listening.result()
+            transcriber = open_transcriber(settings.asr, ModelStore(settings.models.store_dir))
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()
@@ -252,8 +244,11 @@ def build_session(
             step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
             step(f"loading the turn detector ({settings.turn.detection})", 0.85)
-            if turn_notice:
-                notices.append(turn_notice)
+            policy, notice = end_of_turn_policy(
+                settings.turn, settings.vad, ModelStore(settings.models.store_dir)
+            )
+            if notice:
+                notices.append(notice)
         if tts or (tts is None and speaker is not None):
             step(f"starting TTS ({settings.tts.engine})", 0.9)
             store = ModelStore(settings.models.store_dir)
@@ -268,8 +263,6 @@ def build_session(
         if cancel is not None and cancel.is_set() and not isinstance(e, LoadCancelled):
             raise LoadCancelled(f"cancelled ({e})") from e  # e.g. the engine build it stopped
         raise
-    finally:
-        helper.shutdown(wait=True)  # joined on every path; a failed load waits for its ASR load
     logger.info("warm-up: %s", ", ".join(f"{k} {v:.0f} ms" for k, v in warm.items()))
     options = PipelineOptions(barge_in=settings.pipeline.barge_in, log_path=log_path)
     pipeline = VoicePipeline(
@@ -295,16 +288,6 @@ def build_session(
         settings.vad,
         with_partials_resolved(settings.turn, transcriber.device if transcriber else "cpu"),
     )
-
-
-def _load_listening(
-    settings: Settings,
-) -> tuple[Transcriber | TorchTranscriber, EndOfTurn, str]:
-    """The ASR model and the end-of-turn policy (Smart Turn loaded and warmed up), and its notice."""
-    store = ModelStore(settings.models.store_dir)
-    transcriber = open_transcriber(settings.asr, store)
-    policy, notice = end_of_turn_policy(settings.turn, settings.vad, store)
-    return transcriber, policy, notice
 
 
 class _NoAsr:
