@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from assistant.cli import build_parser, flag_names
+    from assistant.cli import build_parser, flag_names, parse_command_line
     from assistant.modes.offline import hub_requested, stay_offline
 
     if argv[:1] == ["bench"]:  # its own flags: argparse would reject them here
@@ -128,7 +128,7 @@ def _main(argv: list[str]) -> int:
     from store.bundled import FetchError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(getattr(args, "verbose", 0), 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

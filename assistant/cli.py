@@ -7,7 +7,10 @@ tree (:mod:`assistant.config`), and :func:`flag_names` lets errors name the flag
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
+
+from assistant.cli_settings import settings_flags
 
 MAX_INPUT_MINUTES_RANGE = (0.0, 1440.0)  # above 0, at most a day
 
@@ -24,196 +27,6 @@ def _minutes(text: str) -> float:
     return value
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    from assistant.stages.llm import BACKENDS
-
-    # SUPPRESS: an unset flag leaves no attribute, so `assistant --model X chat` keeps X.
-    parser.argument_default = argparse.SUPPRESS
-    g = parser.add_argument_group("settings (override the config file and ASSISTANT_* variables)")
-    g.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="TOML settings file (default ~/.config/assistant/config.toml)",
-    )
-    g.add_argument(
-        "--store", dest="models.store_dir", metavar="DIR", help="model store (default ~/.cache/assistant)"
-    )
-    g.add_argument(
-        "--model",
-        dest="models.llm",
-        metavar="NAME|DIR|FILE.gguf|hf:ORG/NAME[@REV]",
-        help="LLM: store name, local Hugging Face folder, a GGUF file or a folder holding one "
-        "(converted once into the store), or hf:org/name[@revision] (downloaded once into the "
-        "store, online, pinned to a commit)",
-    )
-    g.add_argument(
-        "--backend",
-        dest="decoder.backend",
-        choices=BACKENDS,
-        help="decoder backend (default auto: TensorRT on a GPU it supports, its engine built once and "
-        "checked by the accuracy gate, else the next backend, saying why)",
-    )
-    g.add_argument(
-        "--llm-server",
-        dest="decoder.server",
-        metavar="HOST:PORT",
-        help="decode on 'assistant serve' there (Triton, gRPC; grpc://HOST:PORT as its banner prints "
-        "it works too, and the port is 8001 when left out); mic, ASR and TTS stay here",
-    )
-    g.add_argument("--device", dest="decoder.device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--dtype", dest="decoder.dtype", choices=["auto", "fp32", "fp16", "bf16"])
-    g.add_argument(
-        "--cuda-graph", dest="decoder.cuda_graph", choices=["auto", "on", "off"], help="replay CUDA graphs"
-    )
-    g.add_argument(
-        "--compile", dest="decoder.compile", action="store_const", const=True, help="torch.compile the graphs"
-    )
-    g.add_argument(
-        "--context-tokens",
-        dest="decoder.context_tokens",
-        type=int,
-        metavar="N",
-        help="KV cache size in tokens",
-    )
-    g.add_argument("--threads", dest="decoder.threads", type=int, metavar="N", help="CPU threads (0 = auto)")
-    g.add_argument("--max-new-tokens", dest="generation.max_new_tokens", type=int, metavar="N")
-    g.add_argument("--temperature", dest="generation.temperature", type=float, metavar="T", help="0 = greedy")
-    g.add_argument("--top-k", dest="generation.top_k", type=int, metavar="K")
-    g.add_argument("--top-p", dest="generation.top_p", type=float, metavar="P")
-    g.add_argument("--repetition-penalty", dest="generation.repetition_penalty", type=float, metavar="X")
-    g.add_argument("--seed", dest="generation.seed", type=int, metavar="N")
-    g.add_argument("--system-prompt", dest="dialogue.system_prompt", metavar="TEXT")
-    g.add_argument(
-        "--mic", dest="audio.input_device", metavar="DEVICE", help="input device: index or name part"
-    )
-    g.add_argument(
-        "--speaker", dest="audio.output_device", metavar="DEVICE", help="output device: index or name part"
-    )
-    g.add_argument(
-        "--asr-model",
-        dest="asr.model",
-        metavar="NAME|DIR",
-        help="Whisper model (default whisper-tiny.en): store name, CTranslate2 folder; the torch backend "
-        "also takes a Hugging Face folder or hf:org/name",
-    )
-    g.add_argument("--asr-device", dest="asr.device", metavar="DEVICE", help="auto, cpu, cuda")
-    g.add_argument(
-        "--asr-backend",
-        dest="asr.backend",
-        choices=["auto", "ctranslate2", "torch"],
-        help="ASR runtime: ctranslate2 (faster-whisper), torch (transformers: GPUs CTranslate2 cannot use), "
-        "auto (default: torch on CUDA when CTranslate2 has no CUDA)",
-    )
-    g.add_argument(
-        "--tts",
-        dest="tts.engine",
-        choices=["pyttsx3", "piper"],
-        help="text to speech: pyttsx3 (espeak-ng, default) or piper (natural voice, opt-in: scripts/setup.sh "
-        "--piper; falls back to pyttsx3, saying why)",
-    )
-    g.add_argument(
-        "--piper-voice",
-        dest="tts.piper_voice",
-        metavar="NAME|FILE.onnx",
-        help="Piper voice (default en_US-joe-medium)",
-    )
-    g.add_argument(
-        "--tts-threads",
-        dest="tts.threads",
-        type=int,
-        metavar="N",
-        help="Piper's CPU threads (default 1; 0: one per core)",
-    )
-    g.add_argument(
-        "--voice", dest="tts.voice", metavar="VOICE", help="pyttsx3 voice (id or name part, e.g. en-us)"
-    )
-    g.add_argument(
-        "--tts-rate", dest="tts.rate_wpm", type=int, metavar="WPM", help="speaking rate, words per minute"
-    )
-    g.add_argument(
-        "--end-silence-ms",
-        dest="vad.end_silence_ms",
-        type=int,
-        metavar="MS",
-        help="silence that ends a turn with --turn-detection off",
-    )
-    g.add_argument(
-        "--turn-detection",
-        dest="turn.detection",
-        choices=["smart-turn", "off"],
-        help="end of turn: the Smart Turn model (default), or off: fixed --end-silence-ms",
-    )
-    g.add_argument(
-        "--pause-ms", dest="turn.pause_ms", type=int, metavar="MS", help="silence before the model scores"
-    )
-    g.add_argument(
-        "--max-silence-ms",
-        dest="turn.max_silence_ms",
-        type=int,
-        metavar="MS",
-        help="silence that ends a turn whatever the model says",
-    )
-    g.add_argument(
-        "--no-speculation",
-        dest="turn.speculate",
-        action="store_const",
-        const=False,
-        help="do not start ASR and the reply during pauses (wait for the end of the turn)",
-    )
-    g.add_argument(
-        "--partials",
-        dest="turn.partials",
-        choices=["auto", "on", "off"],
-        help="live transcript while you speak (auto: on unless ASR runs on 2 CPU cores or fewer)",
-    )
-    g.add_argument(
-        "--partial-interval-ms",
-        dest="turn.partial_interval_ms",
-        type=int,
-        metavar="MS",
-        help="re-transcribe speech in progress this often for the live transcript (0: off)",
-    )
-    g.add_argument(
-        "--first-chunk-words",
-        dest="splitter.first_chunk_words",
-        type=int,
-        metavar="N",
-        help="the reply's first spoken chunk may end after N words (0: wait for punctuation)",
-    )
-    g.add_argument(
-        "--echo",
-        dest="echo.enabled",
-        choices=("auto", "on", "off"),
-        help="echo cancellation of the microphone: auto (default: where it loads), on (fail "
-        "without it) or off (half duplex: the microphone is not heard while a reply plays)",
-    )
-    g.add_argument(
-        "--barge-in",
-        dest="pipeline.barge_in",
-        nargs="?",
-        const="on",
-        choices=("auto", "on", "off"),
-        metavar="MODE",
-        help="let speech interrupt the reply: auto (default: while echo cancellation works), "
-        "on (alone: also without it, e.g. a headset) or off",
-    )
-    g.add_argument(
-        "--metrics-port",
-        dest="metrics.port",
-        type=int,
-        metavar="PORT",
-        help="serve Prometheus metrics on this port (default 0: off; docs/monitoring.md)",
-    )
-    g.add_argument(
-        "--metrics-host",
-        dest="metrics.host",
-        metavar="ADDR",
-        help="address the metrics bind (default 127.0.0.1; another is reachable from the network)",
-    )
-    parser.add_argument("-v", "--verbose", action="count", help="log more (-vv for debug)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree for every subcommand."""
     from assistant.modes.engine import add_engine_parsers
@@ -224,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="assistant",
         description="Local low-latency voice assistant. Without a subcommand: the terminal UI.",
     )
-    _common(parser)
+    settings_flags(parser)
     # SUPPRESS on both: `assistant --export-dir X run` keeps X (the subparser's default would win).
     parser.add_argument(
         "--export-dir",
@@ -235,13 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command")
     chat = sub.add_parser("chat", help="text chat on stdin/stdout with a latency line per turn")
-    _common(chat)
+    settings_flags(chat, "chat")
     run = sub.add_parser("run", help="the voice loop: in the UI, or headless (--no-tui, or --output)")
     run.add_argument(
-        "--input",
-        type=Path,
-        metavar="AUDIO",
-        help="answer the question in this audio file (WAV, FLAC, OGG, MP3), then exit",
+        "--input", type=Path, metavar="WAV", help="answer the question in this WAV file, then exit"
     )
     run.add_argument("--output", type=Path, metavar="WAV", help="with --input: write the spoken reply here")
     run.add_argument(
@@ -265,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="UI: where 'e' writes the latency report",
     )
-    _common(run)
+    settings_flags(run, "run")
     devices = sub.add_parser("devices", help="list audio input and output devices")
-    _common(devices)
+    settings_flags(devices, "devices")
     models = sub.add_parser("models", help="bundled models: fetch, list, verify")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch = models_sub.add_parser("fetch", help="download and convert the bundled models")
@@ -280,19 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="download nothing: hash every file of the fetched models against the sha256 recorded "
         "at fetch time (exit status 1 when one is damaged or cannot be verified)",
     )
-    _common(fetch)
+    settings_flags(fetch, "models")
     listing = models_sub.add_parser("list", help="models in the store with sizes")
-    _common(listing)
+    settings_flags(listing, "models")
     verify = models_sub.add_parser(
         "verify",
         help="hash every byte of every stored model and cache (ONNX exports, TensorRT engines) "
         "against its record: a table of OK/DAMAGED with the fix (exit status 1 on damage)",
     )
-    _common(verify)
+    settings_flags(verify, "models")
     serve = sub.add_parser(
         "serve", help="serve the LLM to many stations: Triton Inference Server, in-flight batching"
     )
-    _common(serve)  # first: its SUPPRESS default applies to the flags below too
+    settings_flags(serve, "serve")  # first: its SUPPRESS default applies to the flags below too
     serve.add_argument("--host", dest="serve.host", metavar="ADDR", help="listen here (default 127.0.0.1)")
     serve.add_argument("--port", dest="serve.port", type=int, metavar="PORT", help="gRPC port (default 8001)")
     serve.add_argument(
@@ -309,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="US",
         help="Triton's dynamic batcher: wait this long to admit requests together (default 100)",
     )
-    add_engine_parsers(sub, _common)
+    add_engine_parsers(sub, partial(settings_flags, command="engine"))
     sub.add_parser(
         "bench",
         help="benchmarks: bench [NAME] ARGS runs bench.NAME (default decoder; bench list, bench NAME --help)",
@@ -325,3 +135,38 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
         for a in parser._actions  # argparse has no public list of a parser's arguments
         if "." in a.dest and a.option_strings
     }
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; a settings flag the subcommand does not read is named as such.
+
+    argparse would say ``unrecognized arguments: --barge-in`` for ``serve --barge-in``; this
+    says which commands read the flag (exit status 2, as argparse's errors).
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        flag = extra[0].split("=", 1)[0]
+        command = getattr(args, "command", None) or ""
+        command += f" {getattr(args, f'{command}_command', '')}".rstrip() if command else ""
+        readers: dict[str, None] = {}  # ordered: "run", "models ..." (any of its subcommands)
+        for name, sub in _subcommands(parser):
+            if flag in sub._option_string_actions:
+                readers[f"'assistant {name.split()[0]}{' ...' if ' ' in name else ''}'"] = None
+        if command and readers:
+            parser.error(
+                f"'{command}' does not read {flag}: it is a setting of 'assistant', {', '.join(readers)} "
+                f"('assistant {command} --help' lists what '{command}' takes)"
+            )
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """``[("run", its parser), ("models fetch", ...), ...]``: every (nested) subcommand."""
+    found: list[tuple[str, argparse.ArgumentParser]] = []
+    for action in parser._actions:  # argparse has no public list of subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = _subcommands(sub)
+                found += [(f"{name} {n}", s) for n, s in nested] if nested else [(name, sub)]
+    return found

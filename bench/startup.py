@@ -54,10 +54,20 @@ def link_store(source: Path, dest: Path) -> Path:
     return dest
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) the process has used so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def time_once(
     checkout: Path, store: Path, mode: str, wav: Path, out_dir: Path, audio_env: dict[str, str]
-) -> float:
-    """Seconds from starting the command to its ready line (the process is then stopped)."""
+) -> tuple[float, float]:
+    """Seconds from starting the command to its ready line, and the CPU seconds it used by then.
+
+    The CPU time is the work done, whatever else runs on the machine; the wall time is what a
+    user waits, and grows with the load. The process is stopped at its ready line.
+    """
     args = {
         "chat": ["chat"],
         "live": ["run", "--no-tui"],  # the live loop on the virtual devices, until it listens
@@ -79,7 +89,7 @@ def time_once(
     try:
         for line in proc.stdout:
             if mode == "run" or (mode in READY and READY[mode] in line):
-                return time.monotonic() - start
+                return time.monotonic() - start, cpu_seconds(proc.pid)
         raise RuntimeError(f"{checkout}: 'assistant {' '.join(args)}' ended before it was ready")
     finally:
         proc.kill()
@@ -108,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
     stores = {label: link_store(args.source_store, args.stores / label) for label in checkouts}
     results: dict[str, dict[str, list[float]]] = {}
+    cpu_results: dict[str, dict[str, list[float]]] = {}
     audio_env: dict[str, str] = {}
     if "live" in args.modes.split(","):  # the private PulseAudio of scripts/virtual-audio.sh
         started = subprocess.run(
@@ -120,20 +131,34 @@ def main(argv: list[str] | None = None) -> int:
         wav = question_wav(Path(tmp))
         for mode in args.modes.split(","):
             runs: dict[str, list[float]] = {label: [] for label in checkouts}
+            cpu: dict[str, list[float]] = {label: [] for label in checkouts}
             for label, checkout in checkouts.items():  # warm-up, not counted
                 time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env)
             for _ in range(args.runs):  # alternating, so load on the machine hits both alike
                 for label, checkout in checkouts.items():
-                    runs[label].append(time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env))
+                    wall_s, cpu_s = time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env)
+                    runs[label].append(wall_s)
+                    cpu[label].append(cpu_s)
             results[mode] = runs
-    print(f"{'mode':6} {'checkout':8} {'median s':>9} {'P95 s':>7}  runs s")
+            cpu_results[mode] = cpu
+    print(f"{'mode':6} {'checkout':8} {'median s':>9} {'P95 s':>7} {'CPU s':>6}  runs s")
     table = {}
     for mode, runs in results.items():
         for label, values in runs.items():
-            row = {"median_s": statistics.median(values), "p95_s": p95(values), "runs_s": values}
+            row = {
+                "median_s": statistics.median(values),
+                "p95_s": p95(values),
+                "runs_s": values,
+                "cpu_median_s": statistics.median(cpu_results[mode][label]),
+                "cpu_runs_s": cpu_results[mode][label],
+            }
             table[f"{mode}/{label}"] = row
             listed = " ".join(f"{v:.2f}" for v in values)
-            print(f"{mode:6} {label:8} {row['median_s']:9.2f} {row['p95_s']:7.2f}  {listed}")
+            print(
+                f"{mode:6} {label:8} {row['median_s']:9.2f} {row['p95_s']:7.2f} "
+                f"{row['cpu_median_s']:6.2f}  {listed}"
+            )
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
     return 0

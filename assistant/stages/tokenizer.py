@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from assistant.stages.plain_tokenizer import load_plain
 from models.files import FETCH_HINT, CorruptModel, ModelNotFound
 from store.records import repair_hint
 
@@ -22,7 +23,10 @@ def load_tokenizer(model_dir: Path) -> Any:
         ChatTemplateError: The chat template raises on a plain conversation (names its file).
     """
     try:
-        tokenizer = tokenizer_class(model_dir).from_pretrained(model_dir)
+        # Without importing transformers where it would load the folder as saved: 0.8 s.
+        tokenizer = load_plain(model_dir) if plain_backend(model_dir) else None
+        if tokenizer is None:
+            tokenizer = tokenizer_class(model_dir).from_pretrained(model_dir)
     except OSError as e:
         _check_tokenizer_files(model_dir)  # parsed again only to name the damaged file
         raise ModelNotFound(f"no usable tokenizer in {model_dir}: {e}; {FETCH_HINT}") from e
@@ -98,23 +102,32 @@ def tokenizer_class(model_dir: Path) -> Any:
     torch: 3.3 s against 0.8 s on this 2-core CPU (docs/benchmarks.md, "Start-up"), for the
     ONNX Runtime path that never needs torch. Anything else goes through ``AutoTokenizer``.
     """
-    try:
-        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        model_type = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        config, model_type = {}, None
-    if (
-        isinstance(config, dict)
-        and config.get("tokenizer_class") == "TokenizersBackend"
-        and "auto_map" not in config
-        and model_type in TOKENIZERS_BACKEND_TYPES
-    ):
+    if plain_backend(model_dir):
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
         return TokenizersBackend
     from transformers import AutoTokenizer
 
     return AutoTokenizer
+
+
+def plain_backend(model_dir: Path) -> bool:
+    """Whether AutoTokenizer would load the ``TokenizersBackend`` the folder names.
+
+    ``tokenizer_config.json`` names it, without custom code (``auto_map``), for a model type
+    AutoTokenizer does not override (:data:`TOKENIZERS_BACKEND_TYPES`).
+    """
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        model_type = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (
+        isinstance(config, dict)
+        and config.get("tokenizer_class") == "TokenizersBackend"
+        and "auto_map" not in config
+        and model_type in TOKENIZERS_BACKEND_TYPES
+    )
 
 
 # Top-level keys a tokenizers-library tokenizer.json must have, and their JSON types.

@@ -11,7 +11,7 @@ the last token's logits come back to the host.
 No real engine ran this on the project's machines: TensorRT-RTX refuses the H200 (compute
 capability 9.0) and full TensorRT is not installable there (``docs/engines.md``). CI runs it
 against a CPU stand-in of the TensorRT and CUDA calls that executes the ONNX export
-(``tests/trt_standin.py``); the ``gpu_tensorrt`` tests exercise it on a machine that has
+(``tests/helpers/trt_standin.py``); the ``gpu_tensorrt`` tests exercise it on a machine that has
 TensorRT and a supported GPU.
 """
 

@@ -65,8 +65,8 @@ class Op:
 class FakeStream:
     """A ``cudaStream_t``: ``int()`` gives the handle TensorRT takes."""
 
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
+    def __init__(self, handle: int, flags: int) -> None:
+        self.handle, self.flags = handle, flags
         self.queue: list[Op] = []
         self.capturing: list[Op] | None = None
         self.capture_broken = False
@@ -190,7 +190,7 @@ class FakeCuda:
 
     def cudaStreamCreateWithFlags(self, flags: int) -> tuple[cudaError_t, FakeStream]:  # noqa: N802
         self.next_handle += 0x10
-        stream = FakeStream(self.next_handle)
+        stream = FakeStream(self.next_handle, flags)
         self.streams[stream.handle] = stream
         return OK, stream
 
@@ -244,6 +244,8 @@ class FakeCuda:
         if width > dpitch or width > spitch or rows < 1:
             return (cudaError_t.cudaErrorInvalidValue,)
         src_n, dst_n = spitch * (rows - 1) + width, dpitch * (rows - 1) + width
+        if kind == cudaMemcpyKind.cudaMemcpyDeviceToDevice:
+            check_no_overlap(dst, dpitch, src, spitch, width, rows)
         read_src = self.host_view if kind == cudaMemcpyKind.cudaMemcpyHostToDevice else self.device_view
         read_dst = self.host_view if kind == cudaMemcpyKind.cudaMemcpyDeviceToHost else self.device_view
         read_src(src, src_n), read_dst(dst, dst_n)  # both must be valid when queued
@@ -268,12 +270,33 @@ class FakeCuda:
         return (OK,)
 
     def cudaMemcpy(self, dst: int, src: int, nbytes: int, kind: cudaMemcpyKind) -> tuple[cudaError_t]:  # noqa: N802
-        """Synchronous copy; the host side may be pageable (numpy) memory."""
+        """Synchronous copy on the legacy null stream; the host side may be pageable (numpy) memory.
+
+        The null stream waits for blocking streams (their queued work runs first) but not for
+        ``cudaStreamNonBlocking`` ones: queued work there touching either range is a race.
+        """
+        for stream in self.streams.values():
+            if stream.flags != self.cudaStreamNonBlocking:
+                self._drain(stream)
+        device = []  # the device ranges the copy touches
+        if kind != cudaMemcpyKind.cudaMemcpyHostToDevice:
+            device.append((src, nbytes))
+        if kind != cudaMemcpyKind.cudaMemcpyDeviceToHost:
+            device.append((dst, nbytes))
+        for stream in self.streams.values():
+            for op in stream.queue:
+                for ptr, n in device:
+                    if any(p < ptr + n and ptr < p + m for p, m in op.uses):
+                        raise OrderingError(
+                            f"cudaMemcpy on the null stream is not ordered after non-blocking stream "
+                            f"{stream.handle:#x}, whose queued {op.what} still uses {ptr:#x}+{n}"
+                        )
         if kind == cudaMemcpyKind.cudaMemcpyHostToDevice:
             self.device_view(dst, nbytes)[:] = np.frombuffer(ctypes.string_at(src, nbytes), np.uint8)
         elif kind == cudaMemcpyKind.cudaMemcpyDeviceToHost:
             ctypes.memmove(dst, self.device_view(src, nbytes).ctypes.data, nbytes)
         else:
+            check_no_overlap(dst, nbytes, src, nbytes, nbytes, 1)
             self.device_view(dst, nbytes)[:] = self.device_view(src, nbytes)
         return (OK,)
 
@@ -330,3 +353,16 @@ class FakeCuda:
 
     def cudaGetDeviceProperties(self, device: int) -> tuple[cudaError_t, DeviceProp]:  # noqa: N802
         return OK, DeviceProp()
+
+
+def check_no_overlap(dst: int, dpitch: int, src: int, spitch: int, width: int, rows: int) -> None:
+    """A device-to-device copy between overlapping rows is undefined in CUDA: refuse it."""
+    for i in range(rows):
+        a = dst + i * dpitch
+        for j in range(rows):
+            b = src + j * spitch
+            if a < b + width and b < a + width:
+                raise OrderingError(
+                    f"device-to-device copy: destination {dst:#x} overlaps source {src:#x} "
+                    f"(row {i} of {rows}, {width} bytes); CUDA leaves overlapping copies undefined"
+                )

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.helpers.standin_cuda import POISON, Op
+from tests.helpers.standin_cuda import POISON, Op, check_no_overlap
 
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 LAG_S = {"full": 0.020, "random": 0.005}
@@ -150,8 +150,16 @@ class RealCuda:
         self.allocated["graphs"].discard(int(graph))
         return self.rt.cudaGraphDestroy(graph)
 
+    def cudaMemcpy2DAsync(self, dst: int, dpitch: int, src: int, spitch: int, *rest: Any) -> Any:  # noqa: N802
+        width, rows, kind, _ = rest
+        if kind == self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice:
+            check_no_overlap(dst, dpitch, src, spitch, width, rows)  # undefined in CUDA: refuse
+        return self.rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, *rest)
+
     def cudaMemcpyAsync(self, dst: int, src: int, nbytes: int, kind: Any, stream: Any) -> Any:  # noqa: N802
         kinds = self.rt.cudaMemcpyKind
+        if kind == kinds.cudaMemcpyDeviceToDevice:
+            check_no_overlap(dst, nbytes, src, nbytes, nbytes, 1)
         if not self._capturing(stream):
             if kind == kinds.cudaMemcpyDeviceToHost:
                 ctypes.memset(dst, POISON, nbytes)  # undefined until the copy ran

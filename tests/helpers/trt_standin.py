@@ -26,6 +26,14 @@ It is strict where real hardware is silently wrong:
   an output overlapping an input, shapes outside the active optimization profile, running a
   context whose profile was never set, and capturing a context before it ran its current
   shapes once (as TensorRT requires) are all errors.
+- As TensorRT does, ``set_tensor_address`` refuses (returns False) an address that is not
+  256-byte aligned, and ``set_optimization_profile_async`` refuses a profile another live
+  context of the engine already uses (each context needs its own).
+- A device-to-device copy (``cudaMemcpyAsync``, ``cudaMemcpy2DAsync``, ``cudaMemcpy``) whose
+  source and destination rows overlap raises :class:`OrderingError` (undefined in CUDA). A
+  blocking ``cudaMemcpy`` runs on the legacy null stream, which waits for blocking streams but
+  not for the runtime's ``cudaStreamNonBlocking`` one: if work queued there still uses either
+  range, that is a race and raises :class:`OrderingError`.
 - ``fail_capture="execute"`` makes ``execute_async_v3`` return False while the stream is
   capturing; ``fail_capture="invalidate"`` makes ``cudaStreamEndCapture`` report an
   invalidated capture; ``fail_calls`` makes named context calls return False.
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 import enum
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +66,7 @@ __all__ = ["FakeCuda", "FakeTensorRT", "OrderingError", "engine_blob"]
 
 MAGIC = b"TRT-STANDIN\n"
 VERSION = "stand-in"  # FakeTensorRT.__version__
+ALIGNMENT = 256  # bytes: TensorRT refuses a tensor address that is not a multiple
 
 
 class DataType(enum.IntEnum):
@@ -167,6 +177,7 @@ class ICudaEngine:
         self.profiles = profiles
         self.num_optimization_profiles = len(profiles)
         self.num_layers = sum(1 for n in self.inputs if n.endswith(".key"))
+        self.contexts: weakref.WeakSet[IExecutionContext] = weakref.WeakSet()
 
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
         kind = "ids" if name in (INPUT_IDS, POSITION_IDS) else "past"
@@ -182,7 +193,9 @@ class ICudaEngine:
         if self.trt.fail_contexts_after == 0:
             return None
         self.trt.fail_contexts_after -= 1
-        return IExecutionContext(self, runtime_config)
+        context = IExecutionContext(self, runtime_config)
+        self.contexts.add(context)
+        return context
 
     def create_runtime_config(self) -> IRuntimeConfig:
         return IRuntimeConfig(self.trt.fail_calls)
@@ -209,6 +222,8 @@ class IExecutionContext:
         ):
             return False
         self.cuda._stream(stream_handle)
+        if any(c.profile == profile_index for c in self.engine.contexts if c is not self):
+            return False  # TensorRT: "Profile N has been chosen by another IExecutionContext"
         self.profile, self.shapes = profile_index, {}
         return True
 
@@ -226,6 +241,8 @@ class IExecutionContext:
         assert isinstance(memory, int), memory
         if self._fails("set_tensor_address") or name not in {**self.engine.inputs, **self.engine.outputs}:
             return False
+        if memory % ALIGNMENT:
+            return False  # TensorRT: "Address is not aligned"; it requires 256-byte alignment
         self.addresses[name] = memory
         return True
 

@@ -1,6 +1,6 @@
 """The real TensorRT runtime (``engines/tensorrt/runtime.py``, ``cuda_mem.py``) against the stand-in.
 
-No TensorRT engine can execute on this project's machines, so :mod:`tests.trt_standin`
+No TensorRT engine can execute on this project's machines, so :mod:`tests.helpers.trt_standin`
 executes the exported ONNX decoder with ONNX Runtime behind the TensorRT and CUDA calls the
 runtime makes, strictly (a lagging stream, poisoned results until synchronised, failed
 captures on purpose). The runtime must give exactly the tokens of the ONNX Runtime backend
@@ -9,12 +9,9 @@ on the same export. Tiny random-weight Qwen2 model (exports in ~1 s).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
 
 from assistant import app as session_module
 from assistant.app import Session
@@ -27,112 +24,33 @@ from engines.onnxruntime_backend import OnnxRuntimeStep
 from engines.tensorrt import cuda_mem
 from engines.tensorrt.flavour import Flavour
 from engines.tensorrt.options import EngineOptions
-from engines.tensorrt.runtime import EngineIncompatible, EngineRuntimeError, TensorRTStep
-from models.config import DecoderConfig
+from engines.tensorrt.runtime import EngineIncompatible, EngineRuntimeError
 from tests.helpers import trt_standin
-from tests.helpers.families import qwen2
-
-REAL_CUDA = os.environ.get("STANDIN_CUDA") == "real"
-CAPACITY = 256
-PROFILE = EngineOptions(
-    prefill_opt_tokens=8, prefill_max_tokens=16, context_opt_tokens=64, context_max_tokens=CAPACITY
+from tests.helpers.standin_runtime import (
+    CAPACITY,
+    NoTokenizer,
+    assert_matches,
+    conversation,
+    make_gpu,
+    make_reference,
+    make_tiny,
+    trt_step,
 )
-
-
-class NoTokenizer:
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The tiny model's folder, config, fp32 export and a stand-in engine blob of it."""
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-standin")
-    qwen2().save_pretrained(folder)
-    exported = export_decoder(folder, ExportOptions(dtype="fp32"))
-    blob = trt_standin.engine_blob(exported.path, PROFILE, decode_profile=True)
-    return folder, DecoderConfig.from_dir(folder), exported.path, blob
+    return make_tiny(tmp_path_factory)
 
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """``gpu(**FakeCuda options)`` -> (cuda, trt): the stand-in, patched into ``cuda_mem``.
-
-    With ``STANDIN_CUDA=real`` (on a machine with an NVIDIA GPU) the CUDA half is the real
-    ``cuda.bindings.runtime`` (``tests/helpers/standin_real_cuda.py``): the same tests then run
-    ``cuda_mem``'s memory, stream, copy and graph code on the GPU.
-    """
-    made = []
-
-    def make(fail_calls=(), fail_contexts_after=-1, **cuda_options):
-        if REAL_CUDA:
-            from tests.helpers.standin_real_cuda import RealCuda
-
-            cuda = RealCuda(**cuda_options)
-        else:
-            cuda = trt_standin.FakeCuda(**cuda_options)
-        made.append(cuda)
-        monkeypatch.setattr(cuda_mem, "cudart", lambda: cuda)
-        return cuda, trt_standin.FakeTensorRT(cuda, fail_calls, fail_contexts_after)
-
-    yield make
-    for cuda in made:
-        if REAL_CUDA:
-            cuda.rt.cudaDeviceSynchronize()
-            cuda.free_staging()
-            assert not cuda.errors, cuda.errors
-
-
-def trt_step(tiny, trt, flavour="tensorrt", blob=None, **options):
-    _, config, _, default_blob = tiny
-    return TensorRTStep(Flavour(flavour, trt, "stand-in"), blob or default_blob, config, CAPACITY, **options)
+    yield from make_gpu(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    """The ONNX Runtime backend's greedy run of :func:`conversation` (tokens, logits)."""
-    _, config, path, _ = tiny
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return conversation(DecoderDriver(OnnxRuntimeStep(session, config, CAPACITY, "fp32"), NoTokenizer(), []))
-
-
-def conversation(driver, new_tokens=5):
-    """Greedy turns: a 40-token prompt (chunked: > 2 x the prefill max of 16), a prompt that
-    cuts the cache back to 25 tokens, one that continues the whole history, and a 70-token
-    prompt from scratch. Returns every chosen token and the logits it came from."""
-    rng = np.random.default_rng(0)
-    first = rng.integers(0, 300, 40).tolist()
-    tokens, logits, history = [], [], []
-
-    def turn(prompt):
-        nonlocal history
-        out = driver.prefill(prompt)
-        history = list(prompt)
-        for _ in range(new_tokens):
-            token = int(np.argmax(out))
-            tokens.append(token)
-            logits.append(out)
-            out = driver.decode(token)
-            history.append(token)
-
-    driver.reset()
-    turn(first)
-    turn(first[:25] + rng.integers(0, 300, 9).tolist())
-    turn(history + rng.integers(0, 300, 3).tolist())
-    turn(rng.integers(0, 300, 70).tolist())
-    return tokens, logits
-
-
-def assert_matches(got, reference):
-    tokens, logits = got
-    assert tokens == reference[0]
-    for g, e in zip(logits, reference[1], strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+    return make_reference(tiny)
 
 
 @pytest.mark.parametrize("lag", ["none", "random", "full"])
