@@ -59,6 +59,10 @@ class PlainTokenizer:
         eos = self.special_tokens_map.get("eos_token")
         self.eos_token_id = self._tokenizer.token_to_id(eos) if eos is not None else None
 
+    def __len__(self) -> int:
+        """The vocabulary with the added tokens, as ``len()`` of a transformers tokenizer."""
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (``add_special_tokens``: the tokenizer's post-processor too)."""
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
