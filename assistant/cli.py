@@ -91,6 +91,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "auto (default: torch on CUDA when CTranslate2 has no CUDA)",
     )
     g.add_argument(
+        "--asr-window",
+        dest="asr.window",
+        choices=["fit", "full"],
+        help="Whisper's input: full (the 30 s window) or fit (max(--asr-floor-s, speech + 0.5 s), "
+        "falling back to full when the decode looks wrong; CTranslate2 backend)",
+    )
+    g.add_argument(
+        "--asr-floor-s",
+        dest="asr.floor_s",
+        type=float,
+        metavar="S",
+        help="shortest window of --asr-window fit, seconds (1 to 30)",
+    )
+    g.add_argument(
         "--tts",
         dest="tts.engine",
         choices=["pyttsx3", "piper"],

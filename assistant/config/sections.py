@@ -14,6 +14,7 @@ from store.bundled import DEFAULT_PIPER_VOICE, DEFAULT_TURN
 DETECTIONS = ("smart-turn", "off")  # [turn] detection
 ENGINES = ("pyttsx3", "piper")  # [tts] engine
 ECHO_MODES = ("auto", "on", "off")  # [echo] enabled
+ASR_WINDOWS = ("fit", "full")  # [asr] window
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class AsrOptions:
     thread, 0.37 s with 2 and 0.45 s with 4 (with torch busy: 0.85, 0.51, 0.51 s).
     ``beam_size`` 5 (faster-whisper's default): greedy tiny.en heard espeak's "capital of
     France" as "capital on France"; beam 5 got it right for ~60 ms more on a 2 s utterance.
+    ``window``: ``full`` pads every utterance to Whisper's 30 s window as faster-whisper does;
+    ``fit`` encodes only ``max(floor_s, speech + 0.5 s)`` (utterances up to 30 s) and falls
+    back to the full window when that decode looks wrong (``assistant.stages.asr_fit``).
     """
 
     model: str = "whisper-tiny.en"
@@ -113,11 +117,15 @@ class AsrOptions:
     beam_size: int = field(default=5, metadata=bounds(min=1, max=100))
     language: str | None = "en"
     backend: str = "auto"
+    window: str = "full"
+    floor_s: float = field(default=10.0, metadata=bounds(min=1.0, max=30.0))
 
     def __post_init__(self) -> None:
-        """Reject an unknown backend name (the settings loader reports it as a config error)."""
+        """Reject an unknown backend or window name (the settings loader reports it as a config error)."""
         if self.backend not in ("auto", "ctranslate2", "torch"):
             raise ValueError(f"backend = {self.backend!r}: choose auto, ctranslate2 or torch")
+        if self.window not in ASR_WINDOWS:
+            raise ValueError(f"window = {self.window!r}: choose {' or '.join(ASR_WINDOWS)}")
 
 
 @dataclass(frozen=True)
