@@ -88,6 +88,9 @@ class TurnRecord:
     discarded: int = 0  # speculative attempts thrown away
     partials: int = 0  # partial transcripts shown while the user spoke
     held_turns: list[int] = field(default_factory=list)  # turns cut for length answered with this one
+    asr_window: str = ""  # "fit" or "full": the Whisper window that gave the transcript
+    asr_fell_back: bool = False  # the fitted window's decode looked wrong; the 30 s window took over
+    unclear_s: list[list[float]] = field(default_factory=list)  # stretches ASR could not transcribe
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -171,6 +174,8 @@ def build_record(
             ts["transcript"] = e.t_ns
             rec.transcript = e.text
             rec.held_turns = list(e.held_turns)
+            rec.asr_window, rec.asr_fell_back = e.asr_window, e.asr_fell_back
+            rec.unclear_s = [list(span) for span in e.unclear_s]
         elif isinstance(e, PromptSubmitted):
             ts["prompt_submitted"] = e.t_ns
             rec.prompt_tokens, rec.reused_tokens = e.prompt_tokens, e.reused_tokens

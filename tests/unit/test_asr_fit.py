@@ -3,12 +3,16 @@ what is kept when every temperature fails Whisper's checks (scripted decode resu
 
 from __future__ import annotations
 
+import io
 from types import SimpleNamespace
 
 import pytest
 
 from assistant.config import ConfigError, load_settings
 from assistant.config.sections import AsrOptions
+from assistant.events import TranscriptReady
+from assistant.modes.run import ConsoleReporter
+from assistant.observe.latency import build_record
 from assistant.stages.asr_fit import (
     FitDecode,
     FitWindow,
@@ -118,3 +122,13 @@ def test_window_setting_is_checked_and_floor_has_a_range(tmp_path):
     cfg.write_text("[asr]\nfloor_s = 0.2\n")
     with pytest.raises(ConfigError, match="floor_s"):
         load_settings(cfg, env={})
+
+
+def test_the_turn_record_shows_the_window_a_fallback_and_what_could_not_be_transcribed():
+    ready = TranscriptReady(3, 10, "hello", 80.0, (), "full", True, ((29.0, 35.0),))
+    record = build_record(3, [ready])
+    assert (record.asr_window, record.asr_fell_back, record.unclear_s) == ("full", True, [[29.0, 35.0]])
+    assert '"asr_fell_back":true' in record.to_json()
+    out = io.StringIO()
+    ConsoleReporter(out)(ready)
+    assert "[turn 3] 29.0-35.0 s could not be transcribed (left out)" in out.getvalue()
