@@ -247,6 +247,7 @@ class Transcriber:
         # that faster-whisper skipped it as "no speech" (issue #8: 11 of 24 numbered sentences
         # of a 122 s recording kept). With timestamps each window resumes after the last
         # complete segment, and ``clip_timestamps`` starts each window at a quiet point.
+        self.model.audio_s = WINDOW_S if cuts else samples.size / SAMPLE_RATE_HZ  # a loop's bound
         times_s = [c / SAMPLE_RATE_HZ for c in cuts or []]
         clips_s = [t for pair in zip(times_s, times_s[1:], strict=False) for t in pair]  # start, end, ...
         segments, info = self.model.transcribe(

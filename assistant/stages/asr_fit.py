@@ -170,8 +170,6 @@ def decode_fit(
 
 # What faster-whisper keeps when every temperature fails (assistant.stages.asr_guard)
 
-WINDOW_TOKENS_MAX = int(TOKENS_PER_S * 30) + TOKENS_SLACK  # more than a 30 s window can hold: a loop
-
 
 def passes(decode: tuple[Any, float, float, float], silence_passes: bool = True) -> bool:
     """faster-whisper's checks on one ``(result, avg_logprob, temperature, compression_ratio)``.
@@ -185,24 +183,30 @@ def passes(decode: tuple[Any, float, float, float], silence_passes: bool = True)
     return ratio <= COMPRESSION_RATIO_MAX and avg_logprob >= LOG_PROB_MIN
 
 
-def keep_likely(first: tuple[Any, float, float, float]) -> bool:
-    """When every temperature failed: keep the temperature-0 decode if it is only repetitive.
+def keep_first(
+    first: tuple[Any, float, float, float],
+    rest: tuple[Any, float, float, float],
+    text: str,
+    audio_s: float,
+    short: bool,
+) -> bool:
+    """Whether the temperature-0 decode ``first`` (its ``text``) wins over the others' pick ``rest``.
 
-    Confident (log-probability at least -1) and short enough for the window (it ended by itself,
-    not in a loop that ran to the length limit): repeated words that were said.
+    Only when ``rest`` failed the checks too. Then ``first`` is kept when it is the most likely
+    decode (confident, or at least as likely as the sampled pick: faster-whisper preferred any
+    sample under the compression threshold, however unlikely) and not a loop: no more tokens
+    than ``audio_s`` of speech can hold, and for a ``short`` utterance (one window without
+    timestamps) no phrase said over again (:func:`repeated`). A sampled decode is unlikely by
+    nature, so faster-whisper's "silence" rule must not let it overrule a confident temperature 0.
     """
+    if passes(rest, silence_passes=False):
+        return False
     result, avg_logprob, _, _ = first
-    return avg_logprob >= LOG_PROB_MIN and len(result.sequences_ids[0]) <= WINDOW_TOKENS_MAX
-
-
-def keep_first(first: tuple[Any, float, float, float], rest: tuple[Any, float, float, float]) -> bool:
-    """Whether the temperature-0 decode ``first`` wins over faster-whisper's pick ``rest`` of the others.
-
-    Only when ``rest`` failed the checks and ``first`` may be kept (:func:`keep_likely`). A
-    sampled decode is unlikely by nature, so faster-whisper's "silence" rule (no-speech
-    probability with a low log-probability) must not let it overrule a confident temperature 0.
-    """
-    return not passes(rest, silence_passes=False) and keep_likely(first)
+    if len(result.sequences_ids[0]) > TOKENS_SLACK + TOKENS_PER_S * audio_s:
+        return False
+    if short and repeated(text):
+        return False
+    return avg_logprob >= min(LOG_PROB_MIN, rest[1])
 
 
 def unclear(segment: Any, last_temperature: float = LAST_TEMPERATURE) -> bool:

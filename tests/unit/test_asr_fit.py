@@ -93,16 +93,26 @@ def test_repetitive_speech_keeps_the_confident_temperature_0_decode():
     # temperature-1.0 sample (log-prob -1.8) that its silence rule then dropped.
     first = (result(no_speech=0.78), -0.26, 0.0, 3.6)
     sampled = (result(no_speech=0.78), -1.85, 1.0, 1.9)
+    text = "Sentence number six, the quick brown fox jumps over the lazy dog. " * 4
     assert not passes(first)
     assert passes(sampled)  # faster-whisper's silence rule would accept (and drop) it
-    assert keep_first(first, sampled)
+    assert keep_first(first, sampled, text, 30.0, short=False)
 
 
-def test_a_loop_or_an_unlikely_temperature_0_is_not_kept():
+def test_an_unlikely_temperature_0_is_kept_only_when_no_sample_is_likelier():
+    heard = "Which river flows free?"
+    assert keep_first((result(8), -1.3, 0.0, 1.0), (result(9), -1.6, 1.0, 1.1), heard, 2.0, short=True)
+    assert not keep_first((result(8), -1.3, 0.0, 1.0), (result(9), -1.1, 1.0, 2.6), heard, 2.0, short=True)
+
+
+def test_a_loop_is_not_kept_and_a_passing_fallback_wins():
     sampled = (result(), -1.4, 1.0, 2.9)
-    assert not keep_first((result(tokens=440), -0.1, 0.0, 9.0), sampled)  # ran to the length limit
-    assert not keep_first((result(), -1.2, 0.0, 3.0), sampled)  # not confident
-    assert not keep_first((result(), -0.3, 0.0, 3.0), (result(), -0.5, 0.4, 1.5))  # a fallback passed
+    loop = (result(tokens=440), -0.1, 0.0, 9.0)
+    assert not keep_first(loop, sampled, "la " * 440, 30.0, short=False)  # more tokens than 30 s hold
+    twice = "You're welcome, you're welcome, you're welcome."
+    assert not keep_first((result(12), -0.3, 0.0, 2.5), sampled, twice, 2.4, short=True)
+    assert keep_first((result(12), -0.3, 0.0, 2.5), sampled, twice, 2.4, short=False)  # long form: may repeat
+    assert not keep_first((result(), -0.3, 0.0, 3.0), (result(), -0.5, 0.4, 1.5), "text", 30.0, short=False)
 
 
 def test_segments_of_a_window_every_decode_failed_are_unclear():
