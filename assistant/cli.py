@@ -94,15 +94,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--asr-window",
         dest="asr.window",
         choices=["fit", "full"],
-        help="Whisper's input: full (the 30 s window) or fit (max(--asr-floor-s, speech + 0.5 s), "
-        "falling back to full when the decode looks wrong; CTranslate2 backend)",
+        help="Whisper's input: fit (default: max(--asr-floor-s, speech + 0.5 s), falling back to the "
+        "30 s window when the decode looks wrong; CTranslate2 backend) or full (always 30 s)",
     )
     g.add_argument(
         "--asr-floor-s",
         dest="asr.floor_s",
         type=float,
         metavar="S",
-        help="shortest window of --asr-window fit, seconds (1 to 30)",
+        help="shortest window of --asr-window fit, seconds (default 10; 1 to 30)",
     )
     g.add_argument(
         "--tts",
