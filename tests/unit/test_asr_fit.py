@@ -7,12 +7,14 @@ import io
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import generate_latest
 
 from assistant.config import ConfigError, load_settings
 from assistant.config.sections import AsrOptions
 from assistant.events import TranscriptReady
 from assistant.modes.run import ConsoleReporter
 from assistant.observe.latency import build_record
+from assistant.observe.metrics import Metrics
 from assistant.stages.asr_fit import (
     FitDecode,
     FitWindow,
@@ -142,3 +144,12 @@ def test_the_turn_record_shows_the_window_a_fallback_and_what_could_not_be_trans
     out = io.StringIO()
     ConsoleReporter(out)(ready)
     assert "[turn 3] 29.0-35.0 s could not be transcribed (left out)" in out.getvalue()
+
+
+def test_prometheus_counts_transcripts_by_window_and_fallback():
+    metrics = Metrics()
+    for window, fell_back in (("fit", False), ("fit", False), ("full", True)):
+        metrics.observe(build_record(1, [TranscriptReady(1, 5, "hi", 90.0, (), window, fell_back)]))
+    scrape = generate_latest(metrics.registry).decode()
+    assert 'assistant_asr_transcripts_total{fell_back="false",window="fit"} 2.0' in scrape
+    assert 'assistant_asr_transcripts_total{fell_back="true",window="full"} 1.0' in scrape
