@@ -131,6 +131,22 @@ def settings_flags(parser: argparse.ArgumentParser, command: str = "assistant") 
         "auto (default: torch on CUDA when CTranslate2 has no CUDA)",
     )
     add(
+        VOICE,
+        "--asr-window",
+        dest="asr.window",
+        choices=["fit", "full"],
+        help="Whisper's input: fit (default: max(--asr-floor-s, speech + 0.5 s), falling back to the "
+        "30 s window when the decode looks wrong; CTranslate2 backend) or full (always 30 s)",
+    )
+    add(
+        VOICE,
+        "--asr-floor-s",
+        dest="asr.floor_s",
+        type=float,
+        metavar="S",
+        help="shortest window of --asr-window fit, seconds (default 10; 1 to 30)",
+    )
+    add(
         TTS_FETCH,
         "--tts",
         dest="tts.engine",

@@ -257,11 +257,17 @@ class TranscriptReady(Event):
 
     ``held_turns`` are the turns cut for length (each ended by ``TurnHeld``) whose speech
     this turn continues: ``text`` is then the whole long utterance, all of it answered once.
+    ``asr_window``: ``fit`` or ``full``, the Whisper window that gave the text;
+    ``asr_fell_back``: the fitted window's decode looked wrong and the 30 s window took over.
+    ``unclear_s``: ``(start_s, end_s)`` stretches that could not be transcribed (left out).
     """
 
     text: str = ""
     asr_ms: float = 0.0
     held_turns: tuple[int, ...] = ()
+    asr_window: str = ""
+    asr_fell_back: bool = False
+    unclear_s: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,109 @@ SHORT_QUESTIONS: list[str] = [
     "Play some relaxing music please.",
 ]
 
+# The ASR accuracy corpus (bench.asr_window): short utterances with their texts, spoken at bench
+# time in ASR_VOICES (audio is never committed). Numbers, names, commands and questions; the
+# paused ones are PAUSED plus ASR_PAUSED, spoken with a silence between their halves.
+ASR_VOICES: list[tuple[str, int]] = [
+    *VOICES,
+    ("en-gb-scotland", 140),
+    ("en-us+m7", 200),
+    ("piper:en_US-joe-medium", 160),  # only with --piper-python (bench.speech.PIPER)
+]
+ASR_EXTRA: list[str] = [
+    "Set an alarm for six thirty tomorrow morning.",
+    "What is 25 times 4?",
+    "Call my sister Emma.",
+    "How far is it from London to Paris?",
+    "Remind me to call David at 3 o'clock.",
+    "What year did the Second World War end?",
+    "Add milk, eggs and bread to my shopping list.",
+    "Is it going to rain in Seattle tomorrow?",
+    "Who painted the Mona Lisa?",
+    "Convert 100 dollars to euros.",
+    "How many ounces are in a pound?",
+    "Send a message to Michael saying I will be late.",
+    "What is the square root of 81?",
+    "Turn the volume down to 20 percent.",
+    "When was Abraham Lincoln born?",
+    "What time is it in Tokyo right now?",
+    "Read me the latest news about football.",
+    "How long does it take to bake a potato?",
+    "Book a table for 4 people at 7 tonight.",
+    "Spell the word necessary.",
+    "What is the population of Canada?",
+    "Where is the nearest pharmacy?",
+    "Tell me a joke about penguins.",
+    "What did Albert Einstein discover?",
+    "Play the next song.",
+    "How do you say thank you in German?",
+    "What is 15 percent of 200?",
+    "Pause the music for a moment.",
+    "Who is the author of Harry Potter?",
+    "How many players are on a soccer team?",
+    "What is the boiling point of water?",
+    "Start a timer for 45 seconds.",
+    "What is the tallest building in the world?",
+    "Please turn on the living room lights.",
+    "How old is the universe?",
+    "My phone number is 555 0199.",
+    "Schedule a meeting with Sarah on Friday.",
+    "What is the distance to the moon in miles?",
+    "Which river flows through Egypt?",
+    "Give me a recipe for pancakes.",
+    "Can you recommend a movie for tonight?",
+    "What is the weather like in Berlin?",
+    "Translate good morning into Spanish.",
+    "How many calories are in an apple?",
+    "Who was the first person on the moon?",
+    "Open the garage door.",
+    "What is the speed of sound?",
+    "Count backwards from 10.",
+    "Tell me about Marie Curie.",
+    "How do I reset my password?",
+    "What is the capital of Australia?",
+    "How many minutes are in 3 hours?",
+    "Find a coffee shop near Central Park.",
+    "What is 7 plus 8?",
+    "Lock the front door please.",
+    "When does the library open on Sunday?",
+    "Who composed the Moonlight Sonata?",
+    "How deep is the Pacific Ocean?",
+    "Set the thermostat to 21 degrees.",
+    "What are the symptoms of the flu?",
+    "How do I get to the train station?",
+    "Tell me a story about a dragon.",
+    "What is the largest animal on earth?",
+    "Email the report to Jennifer.",
+    "How many bones are in the human body?",
+    "What is my next appointment?",
+    "Why do leaves change color in autumn?",
+    "Order a large pizza with mushrooms.",
+    "How tall is the Eiffel Tower?",
+    "What is the longest river in South America?",
+    "Skip this track.",
+    "How many teaspoons are in a tablespoon?",
+    "What does a carpenter do?",
+    "Wake me up at 5 in the morning.",
+]
+# More questions with a pause in the middle (first half, second half, a word of the second half).
+ASR_PAUSED: list[tuple[str, str, str]] = [
+    ("Could you tell me", "how old Queen Victoria was?", "victoria"),
+    ("I need to know", "what 12 times 12 is.", "twelve"),
+    ("Hey, um,", "what time does the bank close?", "bank"),
+    ("Remind me", "to buy flowers for Olivia.", "olivia"),
+    ("So the question is,", "how big is Jupiter?", "jupiter"),
+    ("Tell me", "where Mount Kilimanjaro is.", "kilimanjaro"),
+    ("What do you think", "about learning to play the piano?", "piano"),
+]
+
+
+def asr_corpus() -> list[str | tuple[str, str]]:
+    """The ASR corpus: whole utterances, then ``(first half, second half)`` of the paused ones."""
+    whole = list(dict.fromkeys([*SHORT_QUESTIONS, *HELD_OUT, *ASR_EXTRA]))  # in order, no repeats
+    return [*whole, *((first, rest) for first, rest, _ in [*PAUSED, *ASR_PAUSED])]
+
+
 # The soak test's questions (bench.soak): typed ones, and spoken ones played into the microphone.
 SOAK_TYPED: list[str] = [
     "What is the capital of France?",

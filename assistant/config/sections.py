@@ -14,6 +14,7 @@ from store.bundled import DEFAULT_PIPER_VOICE, DEFAULT_TURN
 DETECTIONS = ("smart-turn", "off")  # [turn] detection
 ENGINES = ("pyttsx3", "piper")  # [tts] engine
 ECHO_MODES = ("auto", "on", "off")  # [echo] enabled
+ASR_WINDOWS = ("fit", "full")  # [asr] window
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ class TurnOptions:
     confirmed, and speech that comes back discards the work.
     ``partials``: re-transcribe the utterance in progress every ``partial_interval_ms`` for
     the live transcript: ``on``, ``off``, or ``auto``: on where ASR has room (a CUDA ASR
-    device, or more than 2 cores). Whisper's encoder always runs on a 30 s window, so on 2
-    CPU cores a partial in flight when the user stops delayed the answer (+350 ms median
-    voice-to-voice, docs/benchmarks.md).
+    device, or more than 2 cores). With Whisper's 30 s window on 2 CPU cores a partial in
+    flight when the user stops delayed the answer (+350 ms median voice-to-voice,
+    docs/benchmarks.md); not measured again since ``[asr] window = "fit"``.
     ``continuation_ms``: in full duplex, words spoken over a reply that begin this soon after
     its first audio are the rest of the question: the reply is dropped and the question
     answered whole (docs/voice.md, "Full duplex").
@@ -106,8 +107,15 @@ class AsrOptions:
     CTranslate2's own default is always 4, which oversubscribes a 2-core machine that also
     runs torch (LLM) and the audio threads. On 2 cores a 2 s utterance took 0.52 s with 1
     thread, 0.37 s with 2 and 0.45 s with 4 (with torch busy: 0.85, 0.51, 0.51 s).
-    ``beam_size`` 5 (faster-whisper's default): greedy tiny.en heard espeak's "capital of
-    France" as "capital on France"; beam 5 got it right for ~60 ms more on a 2 s utterance.
+    ``beam_size`` 5 (faster-whisper's default): on the 107-utterance corpus (docs/benchmarks.md,
+    "ASR on a window fitted to the speech") beam 1 lost 1.9-2.4 WER points on the 30 s window
+    (every fallback's) and up to 0.7 on the fitted one, for 20-60 ms less. ``window``: ``fit``
+    (default) encodes only ``max(floor_s, speech + 0.5 s)`` of an utterance up to 30 s and
+    falls back to the 30 s window when that decode looks wrong (``assistant.stages.asr_fit``);
+    ``full`` pads every utterance to 30 s as faster-whisper does. On 2 shared cores the fitted
+    window took the ASR median from ~1.2 s to 120-190 ms with WER 14.0-14.9 % against 14.9 %;
+    a 10 s floor fell back on 7 % of utterances (5 s: 14 %, a higher P95). The torch backend
+    always uses 30 s.
     """
 
     model: str = "whisper-tiny.en"
@@ -117,11 +125,15 @@ class AsrOptions:
     beam_size: int = field(default=5, metadata=bounds(min=1, max=100))
     language: str | None = "en"
     backend: str = "auto"
+    window: str = "fit"
+    floor_s: float = field(default=10.0, metadata=bounds(min=1.0, max=30.0))
 
     def __post_init__(self) -> None:
-        """Reject an unknown backend name (the settings loader reports it as a config error)."""
+        """Reject an unknown backend or window name (the settings loader reports it as a config error)."""
         if self.backend not in ("auto", "ctranslate2", "torch"):
             raise ValueError(f"backend = {self.backend!r}: choose auto, ctranslate2 or torch")
+        if self.window not in ASR_WINDOWS:
+            raise ValueError(f"window = {self.window!r}: choose {' or '.join(ASR_WINDOWS)}")
 
 
 @dataclass(frozen=True)

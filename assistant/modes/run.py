@@ -150,6 +150,9 @@ class ConsoleReporter:
             line = f"[turn {event.turn_id}] long speech cut for length: the answer waits until you stop"
         elif isinstance(event, TranscriptReady):
             line = f"[turn {event.turn_id}] you: {event.text or '(nothing recognised)'}"
+            for start_s, end_s in event.unclear_s:
+                lost = f"{start_s:.1f}-{end_s:.1f} s could not be transcribed (left out)"
+                line += f"\n[turn {event.turn_id}] {lost}"
         elif isinstance(event, SentenceReady):
             line = f"[turn {event.turn_id}] assistant: {event.text}"
         elif isinstance(event, TurnDone) and isinstance(event.record, TurnRecord):

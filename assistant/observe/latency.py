@@ -111,6 +111,9 @@ class TurnRecord:
     false_barge_ins: int = 0  # pauses that resumed: no words or a backchannel (ReplyResumed)
     overlap_heard: list[str] = field(default_factory=list)  # each overlap's verdict: "stop 'Stop.'"
     continued: bool = False  # the user went on with this question: reply dropped, the next turn answers
+    asr_window: str = ""  # "fit" or "full": the Whisper window that gave the transcript
+    asr_fell_back: bool = False  # the fitted window's decode looked wrong; the 30 s window took over
+    unclear_s: list[list[float]] = field(default_factory=list)  # stretches ASR could not transcribe
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -209,6 +212,8 @@ def build_record(
             ts["transcript"] = e.t_ns
             rec.transcript = e.text
             rec.held_turns = list(e.held_turns)
+            rec.asr_window, rec.asr_fell_back = e.asr_window, e.asr_fell_back
+            rec.unclear_s = [list(span) for span in e.unclear_s]
         elif isinstance(e, PromptSubmitted):
             ts["prompt_submitted"] = e.t_ns
             rec.prompt_tokens, rec.reused_tokens = e.prompt_tokens, e.reused_tokens

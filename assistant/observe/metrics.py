@@ -147,6 +147,12 @@ class Metrics:
             registry=r,
         )
         self.barge_ins = Counter("assistant_barge_ins", "Replies interrupted by user speech", registry=r)
+        self.asr_windows = Counter(
+            "assistant_asr_transcripts",
+            "Spoken turns' transcripts by Whisper window (fit, full) and whether the fitted one fell back",
+            ["window", "fell_back"],
+            registry=r,
+        )
         self.discarded = Counter(
             "assistant_speculations_discarded",
             "Speculative ASR/LLM work thrown away because the user went on speaking",
@@ -215,6 +221,8 @@ class Metrics:
         self.turns.labels("spoken" if "speech_end" in record.timestamps_ns else "typed").inc()
         if record.cancelled:
             self.cancelled.labels(_label(record.cancelled)).inc()
+        if record.asr_window:
+            self.asr_windows.labels(record.asr_window, str(record.asr_fell_back).lower()).inc()
         for key, histogram in self.stages.items():
             value = record.metrics.get(key)
             if value is not None:

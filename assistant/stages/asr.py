@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from assistant.config.sections import AsrOptions
+from assistant.stages.asr_fit import FitWindow, decode_fit, problem, silent, unclear
 from assistant.stages.streams import SAMPLE_RATE_HZ
 from store.bundled import BUNDLED, ModelStore
 
@@ -42,7 +43,11 @@ class TranscriptResult:
     ``asr_ms`` is wall time from calling the model to the last segment decoded
     (``time.monotonic_ns``). ``no_speech_prob`` is the maximum over segments (the most
     doubtful part decides), 1.0 when the audio was too short to transcribe. ``clips`` is
-    how many pieces the audio was transcribed in (1 up to :data:`WINDOW_S`).
+    how many pieces the audio was transcribed in (1 up to :data:`WINDOW_S`). ``window`` is
+    ``fit`` when the window fitted to the speech gave the text, ``full`` for Whisper's 30 s
+    window; ``fell_back`` is true when the fitted window's decode looked wrong and the full
+    window transcribed instead. ``unclear`` holds the ``(start_s, end_s)`` stretches that
+    could not be transcribed (every decode failed Whisper's checks): their text is left out.
     """
 
     text: str
@@ -51,6 +56,9 @@ class TranscriptResult:
     language: str
     no_speech_prob: float
     clips: int = 1
+    window: str = "full"
+    fell_back: bool = False
+    unclear: tuple[tuple[float, float], ...] = ()
 
 
 def _usable_cores() -> int:
@@ -129,9 +137,12 @@ class Transcriber:
             AsrLoadError: CTranslate2 failed to load it (or the hub download failed).
         """
         import ctranslate2
-        from faster_whisper import WhisperModel
+
+        from assistant.stages.asr_guard import GuardedWhisper
 
         self.options = options
+        self.fit = FitWindow(floor_s=options.floor_s)
+        self.fallbacks = 0  # fitted-window decodes that looked wrong (the full window took over)
         source = _resolve(options.model, store)
         device = options.device
         if device == "auto":
@@ -142,7 +153,7 @@ class Transcriber:
         threads = options.cpu_threads or min(_usable_cores(), 4)
         start_ns = time.monotonic_ns()
         try:
-            self.model = WhisperModel(source, device=device, compute_type=compute_type, cpu_threads=threads)
+            self.model = GuardedWhisper(source, device=device, compute_type=compute_type, cpu_threads=threads)
         except Exception as e:  # CTranslate2 and the hub raise RuntimeError, ValueError, OSError...
             hub = HUB_HINT if source == options.model else ""
             raise AsrLoadError(
@@ -173,7 +184,9 @@ class Transcriber:
         (:func:`quiet_clips`) decoded with timestamps, so nothing between windows is dropped;
         shorter audio takes the faster path without timestamps, unless ``long_form`` says it
         is a clip of longer speech (then a decode that stops short resumes after its last
-        complete segment instead of dropping the clip's end).
+        complete segment instead of dropping the clip's end). With ``window = "fit"`` the
+        faster path encodes only ``max(floor_s, speech + margin)`` (:mod:`.asr_fit`) and falls
+        back to the 30 s window when that decode looks wrong (``fell_back``, ``fallbacks``).
         """
         samples = np.ascontiguousarray(audio, dtype=np.float32).squeeze()
         if samples.ndim > 1:
@@ -184,13 +197,43 @@ class Transcriber:
             return TranscriptResult("", audio_ms, 0.0, self.options.language or "", 1.0)
         start_ns = time.monotonic_ns()
         long_form = long_form or samples.size > WINDOW_S * SAMPLE_RATE_HZ
+        beam_size = 1 if quick else self.options.beam_size
+        fell_back = False
+        if self.options.window == "fit" and not long_form and self.fit.frames(samples.size) < 3000:
+            decode = decode_fit(self.model, samples, beam_size, self.fit, self.options.language)
+            why = problem(decode)
+            if why is None:
+                text = "" if silent(decode) else decode.text
+                asr_ms = (time.monotonic_ns() - start_ns) / 1e6
+                language = self.options.language or "en"
+                return TranscriptResult(text, audio_ms, asr_ms, language, decode.no_speech_prob, window="fit")
+            self.fallbacks += 1
+            fell_back = True
+            logger.info(
+                "ASR fitted window (%d frames) %s: the 30 s window transcribes instead (fallback %d): %r",
+                decode.frames,
+                why,
+                self.fallbacks,
+                decode.text[:80],
+            )
         cuts = quiet_clips(samples) if long_form else None
-        segments, info = self._run(samples, 1 if quick else self.options.beam_size, cuts)
+        segments, info = self._run(samples, beam_size, cuts)
         asr_ms = (time.monotonic_ns() - start_ns) / 1e6
-        text = "".join(s.text for s in segments).strip()
+        lost = [s for s in segments if unclear(s)]
+        for s in lost:
+            logger.warning(
+                "ASR could not transcribe %.1f-%.1f s: every decode failed Whisper's checks (%r left out)",
+                s.start,
+                s.end,
+                s.text[:80],
+            )
+        text = "".join(s.text for s in segments if not any(s is x for x in lost)).strip()
         no_speech = max((s.no_speech_prob for s in segments), default=1.0)
         clips = len(cuts) - 1 if cuts else 1
-        return TranscriptResult(text, audio_ms, asr_ms, info.language, float(no_speech), clips)
+        spans = tuple((float(s.start), float(s.end)) for s in lost)
+        return TranscriptResult(
+            text, audio_ms, asr_ms, info.language, float(no_speech), clips, "full", fell_back, spans
+        )
 
     def _run(
         self, samples: np.ndarray, beam_size: int | None = None, cuts: list[int] | None = None
@@ -202,6 +245,7 @@ class Transcriber:
         # that faster-whisper skipped it as "no speech" (issue #8: 11 of 24 numbered sentences
         # of a 122 s recording kept). With timestamps each window resumes after the last
         # complete segment, and ``clip_timestamps`` starts each window at a quiet point.
+        self.model.audio_s = WINDOW_S if cuts else samples.size / SAMPLE_RATE_HZ  # a loop's bound
         times_s = [c / SAMPLE_RATE_HZ for c in cuts or []]
         clips_s = [t for pair in zip(times_s, times_s[1:], strict=False) for t in pair]  # start, end, ...
         segments, info = self.model.transcribe(

@@ -132,7 +132,18 @@ class VoicePipeline:
             self._discarded(turn, start_ns, gate.reason)
             return None
         asr_ms = result.asr_ms
-        self.emit(TranscriptReady(turn, time.monotonic_ns(), text, asr_ms, tuple(held.turns)))
+        self.emit(
+            TranscriptReady(
+                turn,
+                time.monotonic_ns(),
+                text,
+                asr_ms,
+                tuple(held.turns),
+                result.window,
+                result.fell_back,
+                result.unclear,
+            )
+        )
         if not text:
             if not gate.wait(cancel):
                 self._discarded(turn, start_ns, gate.reason)

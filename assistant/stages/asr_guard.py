@@ -1,0 +1,50 @@
+"""What faster-whisper keeps when every temperature fails its checks, made honest for repetitive speech.
+
+faster-whisper decodes a window at temperature 0, and again at 0.2 ... 1.0 while the text is
+too repetitive (compression ratio > 2.4) or too unlikely (average log-probability < -1). When
+all fail it keeps the best of those *below the compression threshold*, so genuinely
+repetitive speech (fourteen sentences that differ by one number: ratio 3.6 at temperature
+0, log-probability -0.26) lost to a random temperature-1.0 sample (log-probability -1.8):
+either invented text ("Return 27-1 6-0 with 7% ...") or, with the no-speech rule, nothing
+for the whole window. :class:`GuardedWhisper` keeps the most likely decode (temperature 0)
+when it is confident or at least as likely as the samples, and not a loop
+(``asr_fit.keep_first``); otherwise the window's segments keep the failed temperature, and
+``asr_fit.unclear`` finds them so that the caller drops their text and says that the
+stretch could not be transcribed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from faster_whisper import WhisperModel
+
+from assistant.stages.asr_fit import keep_first, passes
+
+
+class GuardedWhisper(WhisperModel):
+    """``WhisperModel`` that keeps the most likely decode of repetitive speech (see the module docstring).
+
+    ``audio_s``: the longest stretch one window decodes (the caller sets it before ``transcribe``),
+    which bounds the tokens a decode that is not a loop can hold.
+    """
+
+    audio_s: float = 30.0
+
+    def generate_with_fallback(
+        self, encoder_output: Any, prompt: list[int], tokenizer: Any, options: Any
+    ) -> tuple[Any, float, float, float]:
+        """Temperature 0 first; the other temperatures only if it fails; then ``keep_first`` decides."""
+        temperatures = list(options.temperatures)
+        first = super().generate_with_fallback(
+            encoder_output, prompt, tokenizer, dataclasses.replace(options, temperatures=temperatures[:1])
+        )
+        if passes(first) or len(temperatures) == 1:
+            return first
+        rest = super().generate_with_fallback(
+            encoder_output, prompt, tokenizer, dataclasses.replace(options, temperatures=temperatures[1:])
+        )
+        text = tokenizer.decode(first[0].sequences_ids[0])
+        short = bool(options.without_timestamps)
+        return first if keep_first(first, rest, text, self.audio_s, short) else rest
