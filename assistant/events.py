@@ -135,7 +135,12 @@ class EchoMeasured(Event):
 
 @dataclass(frozen=True)
 class OnsetEnded(Event):
-    """Sound that raised ``SpeechOnset`` ended before it was long enough to be a turn."""
+    """Sound that raised ``SpeechOnset`` ended before it was long enough to be a turn.
+
+    ``audio`` is that sound (a cough, a click, or a short word such as "stop").
+    """
+
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ class Endpointer:
                 events.append(SpeechEnded(turn, end_t_ns, speech_end, audio, after_cut=self.after_cut))
                 self.closed = _Closed(turn, list(self.chunks), list(self.flags), self.after_cut, self.context)
             elif self.onset_sent:  # a click or a cough, over: whatever its onset paused may go on
-                events.append(OnsetEnded(self.next_turn_id, t_end_ns))
+                events.append(OnsetEnded(self.next_turn_id, t_end_ns, np.concatenate(self.chunks)))
             self._reset_utterance()
             self.pre_roll.clear()
         elif len(self.chunks) * CHUNK_NS >= opts.max_utterance_s * 1e9:

@@ -167,7 +167,7 @@ class OverlapRules:
         spoken_ms = _spoken_ms(ov)
         if verdict is OverlapVerdict.BARGE_IN and spoken_ms < self.rules.min_words_ms:
             verdict = OverlapVerdict.NOISE  # too short to take the floor (Whisper guesses at a hum)
-        if isinstance(ov.pending, SpeechEnded) and verdict is not OverlapVerdict.BARGE_IN:
+        if isinstance(ov.pending, SpeechEnded | OnsetEnded) and verdict is not OverlapVerdict.BARGE_IN:
             self.overlap = None  # it is over already: the next speech over a reply is new
         attempt = self._find(ov.attempt)
         live = attempt if attempt is not None and not attempt.cancelled else None
@@ -234,18 +234,14 @@ class OverlapRules:
                     ov.paused_t_ns = now_ns
                     return [PauseReply(attempt.id, attempt.turn_id, event.t_ns, ov.turn_id)]
             return []
-        if isinstance(event, OnsetEnded) and not ov.judging and not ov.ignored:
-            self.overlap = None  # a click or a cough, too short to be a turn
-            attempt = self._find(ov.attempt)
-            verdict = Emit(OverlapHeard(ov.reply_turn, now_ns, ov.turn_id, "", OverlapVerdict.NOISE))
-            if attempt is None or attempt.cancelled:
-                return [verdict]
-            paused_ms = (now_ns - ov.paused_t_ns) / 1e6
-            return [verdict, ResumeReply(attempt.id), Emit(ReplyResumed(ov.reply_turn, now_ns, paused_ms))]
+        if isinstance(event, OnsetEnded) and not ov.ignored:
+            # Too short to be a turn: a cough, a click, or a short "stop". Its words decide.
+            ov.pending = event
+            return [] if ov.judging else self._judge(ov)
         return []
 
     def _judge(self, ov: Overlap) -> list[Action]:
-        assert isinstance(ov.pending, SpeechPaused | SpeechEnded)
+        assert isinstance(ov.pending, SpeechPaused | SpeechEnded | OnsetEnded)
         ov.judging = True
         return [Judge(ov.turn_id, ov.pending.audio)]
 

@@ -83,11 +83,22 @@ def test_a_backchannel_resumes_the_reply_and_never_becomes_a_turn():
     assert s.plays(first.attempt)  # the reply goes on
 
 
-def test_a_cough_too_short_for_a_turn_resumes_the_reply_without_a_transcript():
+def test_a_cough_too_short_for_a_turn_resumes_the_reply_once_it_has_no_words():
     s, first = replying(after_ms=500)
     s.speak(160).pause(600)  # an onset, never a turn (min_speech_ms 250)
-    assert s.of(PauseReply) and s.of(ResumeReply) == [ResumeReply(first.attempt)]
-    assert not s.of(Judge) and verdicts(s) == [OverlapVerdict.NOISE] and len(s.of(Start)) == 1
+    assert s.of(PauseReply) and [j.turn_id for j in s.of(Judge)] == [2]  # judged all the same
+    s.judged("")
+    assert s.of(ResumeReply) == [ResumeReply(first.attempt)]
+    assert verdicts(s) == [OverlapVerdict.NOISE] and len(s.of(Start)) == 1 and s.engine.overlap is None
+
+
+def test_a_stop_too_short_for_a_turn_still_stops_the_reply():
+    """ "Stop." can be shorter than a turn (250 ms of speech): it is judged by its words all the same."""
+    s, first = replying(after_ms=2500)
+    s.speak(160).pause(600)
+    s.judged("Stop.")
+    assert [b.attempt for b in s.of(BargeIn)] == [first.attempt] and verdicts(s) == [OverlapVerdict.STOP]
+    assert len(s.of(Start)) == 1 and s.engine.overlap is None
 
 
 def test_stop_stops_the_reply_and_nothing_is_answered():
