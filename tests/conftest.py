@@ -14,10 +14,12 @@ import torch
 from assistant.config import ModelSettings
 from assistant.stages.tokenizer import load_tokenizer
 from assistant.stages.tts import Synthesizer, TtsOptions
+from bench.corpus import PARITY_PROMPTS
+from engines.base import GenerationOptions
 from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from store.bundled import DEFAULT_LLM, ModelStore
-from tests.helpers.llm import make_decoder
+from tests.helpers.llm import greedy, make_decoder
 from tests.helpers.tts import PARIS
 
 torch.set_num_threads(2)
@@ -61,6 +63,39 @@ def tokenizer(model_dir: Path):
 @pytest.fixture(scope="session")
 def decoder(model_dir: Path, tokenizer) -> DecoderDriver:
     return make_decoder(model_dir, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def pytorch_greedy(decoder: DecoderDriver, tokenizer) -> dict[str, tuple[list[int], list[int], list]]:
+    """The PyTorch backend's 64 greedy tokens (EOS masked) and logits for each parity prompt, run once.
+
+    ``{prompt: (prompt ids, tokens, logits)}``; the transformers parity test and the ONNX
+    Runtime parity tests compare with this one run instead of each generating it again.
+    """
+    runs = {}
+    for prompt in PARITY_PROMPTS:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        runs[prompt] = (ids, *greedy(decoder, ids))
+    return runs
+
+
+@pytest.fixture(scope="session")
+def batch1_reply(decoder: DecoderDriver):
+    """``batch1_reply(ids, options)``: the batch-1 PyTorch driver's reply token ids, each generated once.
+
+    The in-flight batching and Triton tests compare many sessions with what each prompt gets
+    alone; the same prompts (``bench.corpus.BATCH_QUESTIONS``) come back in both modules.
+    """
+    done: dict[tuple[tuple[int, ...], GenerationOptions], list[int]] = {}
+
+    def reply(ids: list[int], options: GenerationOptions) -> list[int]:
+        key = (tuple(ids), options)
+        if key not in done:
+            decoder.reset()
+            done[key] = [c.token_id for c in decoder.generate(list(ids), options) if c.token_id >= 0]
+        return list(done[key])
+
+    return reply
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from assistant.config import DEFAULT_SYSTEM_PROMPT
 from assistant.stages.dialogue import Dialogue
 from engines.base import GenerationOptions
@@ -27,3 +29,21 @@ def run_reply(dialogue: Dialogue, text: str):
     reply = dialogue.ask(text)
     ids = [c.token_id for c in reply if c.token_id >= 0]
     return reply, ids
+
+
+def greedy(decoder, ids: list[int], steps: int = 64) -> tuple[list[int], list]:
+    """``steps`` greedy tokens with EOS masked (every backend runs the full length); tokens and logits.
+
+    ``logits[i]`` is what token ``i`` was picked from (the last entry follows the last token).
+    """
+    eos = sorted(decoder.eos_token_ids)
+    decoder.reset()
+    logits = decoder.prefill(ids)
+    tokens, seen = [], [logits]
+    for _ in range(steps):
+        logits = logits.copy()
+        logits[eos] = -np.inf
+        tokens.append(int(logits.argmax()))
+        logits = decoder.decode(tokens[-1])
+        seen.append(logits)
+    return tokens, seen

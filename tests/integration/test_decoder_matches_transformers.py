@@ -49,21 +49,13 @@ def test_incremental_decode_through_cache_matches_full_forward(ours, reference, 
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_64_tokens_identical_to_transformers_generate(reference, decoder, tokenizer, prompt):
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
+def test_greedy_64_tokens_identical_to_transformers_generate(reference, pytorch_greedy, prompt):
+    """Our PyTorch backend's 64 greedy tokens (conftest's ``pytorch_greedy``, EOS masked) = transformers'."""
+    ids, got, _ = pytorch_greedy[prompt]
     with torch.inference_mode():
         # min_new_tokens masks EOS, so both sides produce exactly 64 tokens.
         out = reference.generate(
             torch.tensor([ids]), max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=2
         )
     expected = out[0, len(ids) :].tolist()
-    eos = sorted(decoder.eos_token_ids)
-    decoder.reset()
-    logits = decoder.prefill(ids)
-    got = []
-    for _ in range(64):
-        logits[eos] = -float("inf")
-        token = int(logits.argmax())
-        got.append(token)
-        logits = decoder.decode(token)
     assert got == expected

@@ -18,7 +18,8 @@ def test_capital_of_france_answer_names_paris(fresh_decoder, tokenizer):
 
 
 def test_streamed_text_concatenates_to_the_reply(fresh_decoder, tokenizer):
-    reply = make_dialogue(fresh_decoder, tokenizer).ask("Say hello in French and in Spanish.")
+    dialogue = make_dialogue(fresh_decoder, tokenizer, max_new_tokens=16)  # any length streams the same
+    reply = dialogue.ask("Say hello in French and in Spanish.")
     chunks = list(reply)
     assert "".join(c.text for c in chunks) == reply.stats.text
     stamps = [c.t_ns for c in chunks]
@@ -35,14 +36,15 @@ def test_max_new_tokens_stops_exactly(fresh_decoder, tokenizer):
 
 def test_stop_string_cuts_the_reply_before_it(fresh_decoder, tokenizer):
     question = "Tell me a long story about a dragon."
-    full, _ = run_reply(make_dialogue(fresh_decoder, tokenizer, max_new_tokens=40), question)
+    # 20 tokens hold the 7 words needed (the cut run stops at the sixth); 40 only took longer.
+    full, _ = run_reply(make_dialogue(fresh_decoder, tokenizer, max_new_tokens=20), question)
     words = full.stats.text.split()
     assert len(words) > 6
     stop = " " + words[5]
     expected = full.stats.text[: full.stats.text.index(stop)]
     fresh_decoder.reset()
     cut, _ = run_reply(
-        make_dialogue(fresh_decoder, tokenizer, max_new_tokens=40, stop_strings=(stop,)), question
+        make_dialogue(fresh_decoder, tokenizer, max_new_tokens=20, stop_strings=(stop,)), question
     )
     assert cut.stats.stop_reason is StopReason.STOP_STRING
     assert cut.stats.text == expected
@@ -66,7 +68,7 @@ def test_cancel_stops_generation_and_keeps_the_partial_reply(fresh_decoder, toke
 def test_seeded_sampling_is_reproducible(fresh_decoder, tokenizer):
     def sample(seed):
         fresh_decoder.reset()
-        d = make_dialogue(fresh_decoder, tokenizer, temperature=0.9, top_p=0.95, seed=seed, max_new_tokens=24)
+        d = make_dialogue(fresh_decoder, tokenizer, temperature=0.9, top_p=0.95, seed=seed, max_new_tokens=12)
         return run_reply(d, "Write a sentence about the sea.")[1]
 
     first = sample(7)
@@ -79,7 +81,7 @@ def test_prefix_reuse_gives_the_same_tokens_as_full_prefill_with_fewer_prefilled
 
     def conversation(reuse: bool):
         fresh_decoder.reset()
-        dialogue = make_dialogue(fresh_decoder, tokenizer, max_new_tokens=32)
+        dialogue = make_dialogue(fresh_decoder, tokenizer, max_new_tokens=16)
         out = []
         for q in questions:
             if not reuse:
@@ -95,11 +97,19 @@ def test_prefix_reuse_gives_the_same_tokens_as_full_prefill_with_fewer_prefilled
         assert pre_r < pre_f
 
 
-def test_context_overflow_drops_oldest_turns_never_the_system_prompt(model_dir, tokenizer):
-    from assistant.stages.dialogue import Turn
+@pytest.fixture(scope="module")
+def small_decoder(model_dir, tokenizer):
+    """The real SmolLM2 with a 256-token cache: what does not fit is cut after a few hundred tokens."""
     from tests.helpers.llm import make_decoder
 
-    small = make_decoder(model_dir, tokenizer, capacity_tokens=256)
+    return make_decoder(model_dir, tokenizer, capacity_tokens=256)
+
+
+def test_context_overflow_drops_oldest_turns_never_the_system_prompt(small_decoder, tokenizer):
+    from assistant.stages.dialogue import Turn
+
+    small = small_decoder
+    small.reset()
     dialogue = make_dialogue(small, tokenizer, max_new_tokens=32)
     filler = "This is a long earlier message about the weather and the mountains. " * 4
     dialogue.turns = [Turn(f"turn {i}: {filler}", f"answer {i}") for i in range(6)]
@@ -114,12 +124,14 @@ def test_context_overflow_drops_oldest_turns_never_the_system_prompt(model_dir, 
     assert [t.user for t in dialogue.turns][-1] == "What is the capital of France?"
 
 
-def test_ten_thousand_word_paste_is_cut_to_fit_and_answered(fresh_decoder, tokenizer):
+def test_ten_thousand_word_paste_is_cut_to_fit_and_answered(small_decoder, tokenizer):
+    """The cut is the same at any cache size; the 256-token cache spares a 2,000-token prefill."""
+    small_decoder.reset()
     paste = ("lorem ipsum dolor sit amet " * 2000) + "What is the capital of France?"
-    dialogue = make_dialogue(fresh_decoder, tokenizer, max_new_tokens=16)
+    dialogue = make_dialogue(small_decoder, tokenizer, max_new_tokens=16)
     reply, ids = run_reply(dialogue, paste)
     assert reply.plan.user_tokens_cut > 0
-    assert len(reply.plan.ids) <= fresh_decoder.capacity_tokens - 16
+    assert len(reply.plan.ids) <= small_decoder.capacity_tokens - 16
     assert "capital of France" in reply.plan.user_text  # the end (the question) is kept
     assert ids and any("too long" in n for n in reply.plan.notices())
     assert dialogue.transcript[-1].user == paste  # the session record keeps all of it

@@ -69,9 +69,14 @@ def prompt(tokenizer, question: str, history: list[dict[str, str]] | None = None
     )
 
 
-def alone(decoder, ids: list[int], options: GenerationOptions = GREEDY) -> list[int]:
-    decoder.reset()
-    return [c.token_id for c in decoder.generate(ids, options) if c.token_id >= 0]
+@pytest.fixture
+def alone(batch1_reply):
+    """``alone(ids, options)``: what the batch-1 driver replies (conftest: each prompt generated once)."""
+
+    def reply(ids: list[int], options: GenerationOptions = GREEDY) -> list[int]:
+        return batch1_reply(ids, options)
+
+    return reply
 
 
 def reply_ids(request, eos) -> list[int]:
@@ -80,9 +85,9 @@ def reply_ids(request, eos) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sessions", [2, 8])
-def test_concurrent_sessions_get_their_batch1_replies(scheduler, decoder, tokenizer, sessions) -> None:
+def test_concurrent_sessions_get_their_batch1_replies(scheduler, alone, tokenizer, sessions) -> None:
     prompts = [prompt(tokenizer, q) for q in QUESTIONS[:sessions]]
-    expected = [alone(decoder, p) for p in prompts]
+    expected = [alone(p) for p in prompts]
     steps = scheduler.steps
     requests = [scheduler.submit(f"same-{sessions}-{i}", p, GREEDY) for i, p in enumerate(prompts)]
     got = [reply_ids(r, scheduler.eos_token_ids) for r in requests]
@@ -94,10 +99,10 @@ def test_concurrent_sessions_get_their_batch1_replies(scheduler, decoder, tokeni
 
 
 @pytest.mark.slow
-def test_a_newcomer_joins_a_running_batch_and_both_stay_exact(scheduler, decoder, tokenizer) -> None:
+def test_a_newcomer_joins_a_running_batch_and_both_stay_exact(scheduler, alone, tokenizer) -> None:
     first, second = prompt(tokenizer, QUESTIONS[0]), prompt(tokenizer, QUESTIONS[5])
     long = GenerationOptions(max_new_tokens=40)
-    expected = [alone(decoder, first, long), alone(decoder, second)]
+    expected = [alone(first, long), alone(second)]
     a = scheduler.submit("join-a", first, long)
     stream = a.tokens()
     head = [next(stream)[0] for _ in range(5)]  # a is decoding alone
@@ -142,7 +147,7 @@ def test_a_cancelled_request_frees_its_row_at_the_next_step(scheduler, tokenizer
 
 
 @pytest.mark.slow
-def test_more_sessions_than_rows_wait_for_a_row_and_stay_exact(model_dir, decoder, tokenizer) -> None:
+def test_more_sessions_than_rows_wait_for_a_row_and_stay_exact(model_dir, alone, tokenizer) -> None:
     model = load_decoder(model_dir, dtype=torch.float32, device="cpu")
     small = BatchScheduler(BatchedTorchStep(model, rows=2, capacity_tokens=256), [tokenizer.eos_token_id, 2])
     try:
@@ -150,7 +155,7 @@ def test_more_sessions_than_rows_wait_for_a_row_and_stay_exact(model_dir, decode
         short = GenerationOptions(max_new_tokens=8)
         requests = [small.submit(f"wait-{i}", p, short) for i, p in enumerate(prompts)]
         got = [reply_ids(r, small.eos_token_ids) for r in requests]
-        assert got == [alone(decoder, p, short)[:8] for p in prompts]
+        assert got == [alone(p, short)[:8] for p in prompts]
         assert max(small.batch_sizes) == 2
     finally:
         small.close()
@@ -164,7 +169,7 @@ def test_empty_and_over_context_requests_are_refused_with_the_reason(scheduler) 
 
 
 @pytest.mark.slow
-def test_a_returning_session_moves_to_the_lowest_row_with_its_prefix(scheduler, decoder, tokenizer) -> None:
+def test_a_returning_session_moves_to_the_lowest_row_with_its_prefix(scheduler, alone, tokenizer) -> None:
     """Decode steps span rows 0..highest running: a lone session must not decode from row 7."""
     first = [scheduler.submit(f"move-{i}", prompt(tokenizer, q), GREEDY) for i, q in enumerate(QUESTIONS[:3])]
     replies = [reply_ids(r, scheduler.eos_token_ids) for r in first]
@@ -176,6 +181,6 @@ def test_a_returning_session_moves_to_the_lowest_row_with_its_prefix(scheduler, 
     ]
     follow_ids = prompt(tokenizer, "Tell me more.", history)
     follow = scheduler.submit(f"move-{high}", follow_ids, GREEDY)
-    assert reply_ids(follow, scheduler.eos_token_ids) == alone(decoder, follow_ids)
+    assert reply_ids(follow, scheduler.eos_token_ids) == alone(follow_ids)
     assert follow.row == 0
     assert follow.reused_tokens >= len(first[high].prompt_ids)  # its keys moved with it

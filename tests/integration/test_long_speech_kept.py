@@ -187,14 +187,15 @@ def test_live_long_speech_is_cut_without_loss_and_answered_after_the_user_stops(
     long_speech,
     tmp_path,
 ):
-    """Eight sentences (~40 s) with ``max_utterance_s`` 8: several cuts while the user speaks.
+    """Five sentences (~25 s) with ``max_utterance_s`` 5: several cuts while the user speaks.
 
-    Nothing plays until the user has stopped, then one reply answers every sentence.
+    Nothing plays until the user has stopped, then one reply answers every sentence. (It was
+    eight sentences with cuts at 8 s: the same three or more cuts, 15 s more of real-time audio.)
     """
-    last = 8
-    audio = np.concatenate([silence(0.3), speak(numbered_sentences(last), tmp_path, "eight"), silence(2.5)])
+    last = 5
+    audio = np.concatenate([silence(0.3), speak(numbered_sentences(last), tmp_path, "five"), silence(2.5)])
     session, _ = live_session
-    vad = VadOptions(max_utterance_s=8.0)
+    vad = VadOptions(max_utterance_s=5.0)
     turn = session.settings_turn
     endpointer = Endpointer(vad, policy=session.turn_policy, pause_ms=turn.speculate_after_ms)
     records, events, turns = converse(live_session, pulse, tmp_path, audio, endpointer, turn, "long-live")

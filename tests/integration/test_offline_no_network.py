@@ -49,18 +49,86 @@ def _no_network_prefix() -> list[str]:
     return []
 
 
-def traced(args: list[str], tmp_path: Path, stdin: str = "") -> tuple[subprocess.CompletedProcess, list[str]]:
-    """Run the assistant with ``args`` under strace; the output and every outbound network call."""
-    if shutil.which("strace") is None:
-        pytest.skip("strace is not installed (apt-get install strace)")
-    trace = tmp_path / "network.strace"
-    cmd = [
-        *_no_network_prefix(),
-        "strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%network,openat", "-o", str(trace),
-        sys.executable, "-c", LINGERING_MAIN, *args,
-    ]  # fmt: skip
-    out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    return out, outbound_calls(trace.read_text())
+class Traced:
+    """The assistant with ``args`` under strace, started now; :meth:`result` waits for it."""
+
+    def __init__(self, args: list[str], folder: Path, stdin: str = "") -> None:
+        if shutil.which("strace") is None:
+            pytest.skip("strace is not installed (apt-get install strace)")
+        self.folder, self.trace = folder, folder / "network.strace"
+        (folder / "stdin.txt").write_text(stdin)
+        cmd = [
+            *_no_network_prefix(),
+            "strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%network,openat", "-o", str(self.trace),
+            sys.executable, "-c", LINGERING_MAIN, *args,
+        ]  # fmt: skip
+        with (
+            (folder / "stdin.txt").open() as stdin_file,
+            (folder / "stdout.txt").open("w") as out,
+            (folder / "stderr.txt").open("w") as err,
+        ):
+            self.proc = subprocess.Popen(cmd, stdin=stdin_file, stdout=out, stderr=err, text=True, cwd=ROOT)
+
+    def result(self) -> tuple[subprocess.CompletedProcess, list[str]]:
+        """The output and every outbound network call (after the process and its linger ended)."""
+        code = self.proc.wait(600)
+        stdout, stderr = ((self.folder / f"{n}.txt").read_text() for n in ("stdout", "stderr"))
+        out = subprocess.CompletedProcess(self.proc.args, code, stdout, stderr)
+        return out, outbound_calls(self.trace.read_text())
+
+
+@pytest.fixture(scope="module")
+def turns(tmp_path_factory):
+    """The three traced turns (file, Piper voice, typed chat), started together.
+
+    Each stays alive ``LINGER_S`` after its turn; run one after the other they spent three
+    lingers in a row, started together the lingers overlap (the checks are the same).
+    """
+    started: dict[str, Traced] = {}
+
+    def start(name: str, make) -> None:
+        folder = tmp_path_factory.mktemp(name)
+        try:
+            started[name] = make(folder)
+        except pytest.skip.Exception as e:  # that test skips with the reason; the others run
+            started[name] = e
+
+    start("file", file_turn)
+    start("piper", piper_turn)
+    start("chat", lambda folder: Traced(["chat", "--max-new-tokens", "16"], folder, QUESTION))
+    yield started
+    for run in started.values():
+        if isinstance(run, Traced) and run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait(30)
+
+
+def result_of(turns: dict, name: str) -> tuple[Traced, subprocess.CompletedProcess, list[str]]:
+    run = turns[name]
+    if not isinstance(run, Traced):
+        pytest.skip(str(run))
+    return run, *run.result()
+
+
+QUESTION = "What is the capital of France?\n"
+
+
+def file_turn(folder: Path) -> Traced:
+    speak("What is the capital of France?", folder, "q")
+    reply = folder / "r.wav"
+    args = ["run", "--input", str(folder / "q.wav"), "--output", str(reply), "--max-new-tokens", "16"]
+    return Traced(args, folder)
+
+
+def piper_turn(folder: Path) -> Traced:
+    from tests.helpers.piper_voice import onnx_of, piper_voice_folder
+
+    voice = onnx_of(piper_voice_folder(folder / "store"))
+    speak("What is the capital of France?", folder, "q")
+    reply, log = folder / "r.wav", folder / "turns.jsonl"
+    args = ["run", "--input", str(folder / "q.wav"), "--output", str(reply), "--max-new-tokens", "16"]
+    args += ["--tts", "piper", "--piper-voice", str(voice), "--log", str(log)]
+    return Traced(args, folder)
 
 
 def outbound_calls(trace: str) -> list[str]:
@@ -79,37 +147,26 @@ def outbound_calls(trace: str) -> list[str]:
     return found
 
 
-def test_a_spoken_question_answered_from_a_file_opens_no_network_connection(tmp_path):
-    speak("What is the capital of France?", tmp_path, "q")
-    reply = tmp_path / "r.wav"
-    args = ["run", "--input", str(tmp_path / "q.wav"), "--output", str(reply), "--max-new-tokens", "16"]
-    out, calls = traced(args, tmp_path)
+def test_a_spoken_question_answered_from_a_file_opens_no_network_connection(turns):
+    run, out, calls = result_of(turns, "file")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "assistant:" in out.stdout and reply.stat().st_size > 10_000, out.stdout  # it did answer
+    assert "assistant:" in out.stdout and (run.folder / "r.wav").stat().st_size > 10_000, out.stdout
     assert calls == [], "network calls during a file-mode turn:\n" + "\n".join(calls[:10])
 
 
-def test_a_spoken_reply_in_the_piper_voice_opens_no_network_connection(tmp_path):
+def test_a_spoken_reply_in_the_piper_voice_opens_no_network_connection(turns):
     """piper-tts runs its voice on ONNX Runtime and its own espeak-ng: nothing may go online."""
     import json
 
-    from tests.helpers.piper_voice import onnx_of, piper_voice_folder
-
-    voice = onnx_of(piper_voice_folder(tmp_path / "store"))
-    speak("What is the capital of France?", tmp_path, "q")
-    reply, log = tmp_path / "r.wav", tmp_path / "turns.jsonl"
-    args = ["run", "--input", str(tmp_path / "q.wav"), "--output", str(reply), "--max-new-tokens", "16"]
-    args += ["--tts", "piper", "--piper-voice", str(voice), "--log", str(log)]
-    out, calls = traced(args, tmp_path)
+    run, out, calls = result_of(turns, "piper")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "notice: Piper" not in out.stderr and reply.stat().st_size > 10_000, out.stderr
-    assert json.loads(log.read_text())["tts_voice"] == "piper en_US-joe-medium"  # Piper did speak
+    assert "notice: Piper" not in out.stderr and (run.folder / "r.wav").stat().st_size > 10_000, out.stderr
+    assert json.loads((run.folder / "turns.jsonl").read_text())["tts_voice"] == "piper en_US-joe-medium"
     assert calls == [], "network calls during a Piper turn:\n" + "\n".join(calls[:10])
 
 
-def test_a_typed_chat_turn_opens_no_network_connection(tmp_path):
-    question = "What is the capital of France?\n"
-    out, calls = traced(["chat", "--max-new-tokens", "16"], tmp_path, stdin=question)
+def test_a_typed_chat_turn_opens_no_network_connection(turns):
+    _, out, calls = result_of(turns, "chat")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[ttft" in out.stdout, out.stdout  # the reply and its latency line came
     assert calls == [], "network calls during a chat turn:\n" + "\n".join(calls[:10])

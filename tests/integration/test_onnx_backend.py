@@ -39,7 +39,7 @@ from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from store.bundled import DEFAULT_LLM
 from tests.helpers.cli import run_cli
 from tests.helpers.families import llama3_scaled, qwen2
-from tests.helpers.llm import make_dialogue, run_reply
+from tests.helpers.llm import greedy, make_dialogue, run_reply
 
 # Shapes and ops that TensorRT's parser rejects or that make shapes depend on data.
 FORBIDDEN_OPS = {"NonZero", "Unique", "Loop", "If", "Scan", "ScatterND", "ScatterElements"}
@@ -70,21 +70,6 @@ def rel_err(got: np.ndarray, expected: np.ndarray) -> float:
     return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
 
 
-def greedy(decoder, ids, steps=64):
-    """64 greedy tokens with EOS masked (both sides run the full length); tokens and logits."""
-    eos = sorted(decoder.eos_token_ids)
-    decoder.reset()
-    logits = decoder.prefill(ids)
-    tokens, seen = [], [logits]
-    for _ in range(steps):
-        logits = logits.copy()
-        logits[eos] = -np.inf
-        tokens.append(int(logits.argmax()))
-        logits = decoder.decode(tokens[-1])
-        seen.append(logits)
-    return tokens, seen
-
-
 def teacher_forced(decoder, ids, tokens):
     """Logits of ``decoder`` at each step when fed ``tokens`` (the reference continuation)."""
     decoder.reset()
@@ -94,13 +79,9 @@ def teacher_forced(decoder, ids, tokens):
 
 
 @pytest.fixture(scope="module")
-def reference(decoder, tokenizer):
-    """The PyTorch backend's greedy continuation and logits of every prompt."""
-    runs = {}
-    for prompt in PROMPTS:
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        runs[prompt] = (ids, *greedy(decoder, ids))
-    return runs
+def reference(pytorch_greedy):
+    """The PyTorch backend's greedy continuation and logits of every prompt (conftest: run once)."""
+    return pytorch_greedy
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -79,13 +79,10 @@ def token_ids(generation) -> list[int]:
 
 @pytest.mark.parametrize("sessions", [2, 8])
 def test_concurrent_sessions_get_their_batch1_replies(
-    server, model_dir, decoder, tokenizer, sessions
+    server, model_dir, batch1_reply, tokenizer, sessions
 ) -> None:
     prompts = [prompt(tokenizer, q) for q in QUESTIONS[:sessions]]
-    expected = []
-    for p in prompts:
-        decoder.reset()
-        expected.append(token_ids(decoder.generate(p, GREEDY)))
+    expected = [batch1_reply(p, GREEDY) for p in prompts]  # conftest: each generated once per run
     clients = [remote(server, model_dir, tokenizer) for _ in prompts]
     got: list[list[int]] = [[] for _ in prompts]
     start_line = threading.Barrier(sessions)
@@ -178,14 +175,19 @@ def test_empty_and_over_context_requests_get_their_reason(server, model_dir, tok
     )
 
 
-def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn_works(model_dir) -> None:
-    """Through the app's own session (load_llm with --llm-server, warm-up, the pipeline)."""
+def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn_works(
+    server, model_dir
+) -> None:
+    """Through the app's own session (load_llm with --llm-server, warm-up, the pipeline).
+
+    The module's server is the one killed (this is the last test to use it), so the module
+    starts one server less; the restarted ones are this test's own.
+    """
     from assistant.app import build_session
     from assistant.config import DecoderSettings, GenerationSettings, Settings
     from assistant.events import CancelReason, TokenGenerated
 
-    port = free_port()
-    server = start(model_dir, port, sequences=2)
+    port = server.settings.port
     state = {"server": server}
 
     def kill_at_third_token(event) -> None:
