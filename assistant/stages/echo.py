@@ -219,14 +219,24 @@ class EchoCanceller:
     def _gate_residual(self, out: np.ndarray) -> np.ndarray:
         """Silence what is left of the echo: output ``residual_gate_db`` under what just played.
 
-        The loudest far-end frame over the echo's reach (``max_delay_ms`` plus a room tail)
-        sets the level; the user's own voice at the microphone is louder than that by far. AEC3
+        The loudest far-end frame whose echo can be in this frame sets the level: around the
+        estimated echo delay plus a room tail once the delay is known, else over the whole
+        reach (``max_delay_ms`` plus the tail). The user's own voice at the microphone is louder
+        than that by far; after the reply pauses, the gate lets go once its echo has passed. AEC3
         leaves a little echo while it adapts to a new signal (the first words of a reply), which
         the VAD would otherwise take for speech over the reply.
         """
         gate_db = self.options.residual_gate_db
-        loudest = max(self._far_recent)
-        if gate_db <= 0 or loudest <= FAR_ACTIVE_RMS**2:
+        if gate_db <= 0:
+            return out
+        recent = self._far_recent
+        if self._delay_ms is not None:  # the echo of now left the speaker this long ago: look there
+            lag = round(self._delay_ms / 10)
+            lags = range(max(0, lag - 2), min(len(recent), lag + RESIDUAL_TAIL_MS // 10 + 1))
+            loudest = max((recent[-1 - k] for k in lags), default=0.0)
+        else:
+            loudest = max(recent)
+        if loudest <= FAR_ACTIVE_RMS**2:
             return out
         if float(np.mean(out**2)) >= loudest * 10 ** (-gate_db / 10):
             return out

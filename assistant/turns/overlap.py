@@ -55,8 +55,8 @@ STOPS = frozenset(
         "okay stop", "ok stop", "wait wait", "stop stop", "hold on a second", "wait a second",
         "one moment", "just a moment", "thats enough", "that's enough",
         # "Stop" with its first 100 ms under the reply (paused at its onset): AEC3's suppressor
-        # eats the "s" and tiny.en writes "Top." (measured on the echo rig).
-        "top", "top talking", "top it",
+        # eats the "s" (or the "st") and tiny.en writes "Top." or "Up." (measured on the echo rig).
+        "top", "top talking", "top it", "up", "op",
     }
 )  # fmt: skip
 MAX_BACKCHANNEL_WORDS = 4  # "oh okay yeah right": longer is more than listening

@@ -206,6 +206,7 @@ def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
         ("Thanks for watching!", OverlapVerdict.NOISE),  # Whisper's invention for a breath
         ("Stop!", OverlapVerdict.STOP),
         ("Top.", OverlapVerdict.STOP),  # "Stop" whose start AEC3 ate under the reply
+        ("Up.", OverlapVerdict.STOP),
         ("Uh-uh.", OverlapVerdict.BACKCHANNEL),
         ("Wait.", OverlapVerdict.STOP),
         ("Hold on.", OverlapVerdict.STOP),
