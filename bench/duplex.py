@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.duplex_rig import LiveApp, next_turn, reply_playing, utterance
+from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
 from bench.echo_rig import echo_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,59 +89,73 @@ def echo_only(env: dict, folder: Path, checkout: Path | None, replies: int, flag
     return {"replies": done, "false_interruptions": false, "speech_heard": heard, "erle_db": erle}
 
 
-def spoken(env: dict, folder: Path, checkout: Path | None, trials: int, flags: list[str]) -> dict:
+def spoken(
+    env: dict, folder: Path, checkout: Path | None, trials: int, flags: list[str], parts: tuple[Callable, ...]
+) -> dict:
     long_q = utterance(folder, "Tell me about the history of Paris.", "long")
     germany = utterance(folder, "What is the capital of Germany?", "germany")
     halves = [
         (utterance(folder, a, f"a{i}"), utterance(folder, b, f"b{i}"), b) for i, (a, b) in enumerate(PAUSED)
     ]
-    app = App(env, folder, checkout, "--max-new-tokens", "40", *flags)
-    reactions, answered, lost, v2v = [], 0, [], []
+    app = App(env, folder, checkout, "--max-new-tokens", "60", "--temperature", "0", *flags)
+    result: dict = {"reactions_ms": [], "answered": 0, "trials": trials, "words_lost": [], "v2v_ms": []}
+    result["failed"] = []  # trials whose reply never came (what happened: the app's own output)
     try:
         app.wait_line("listening on", 300)
         for k in range(trials):
-            mark = len(app.events())
-            app.say(long_q)
-            turn = next_turn(app, mark)
-            reply_playing(app, turn, mark)
-            time.sleep(2.6)
-            app.say(germany)
-            try:
-                new = next_turn(app, mark + 1, 30)
-                app.wait_event("TurnDone", new, 60, mark)
-            except AssertionError:
-                new = 0
-            ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
-            stop = next((e for e in ev if e["event"] in ("ReplyPaused", "BargeIn")), None)
-            if stop is not None:
-                reactions.append((stop["t_ns"] - stop["onset_t_ns"]) / 1e6)
-            answered += bool(new and "germany" in app.records().get(new, {}).get("transcript", "").lower())
-            time.sleep(1.5)
-            first, rest, rest_text = halves[k % len(halves)]
-            mark = len(app.events())
-            app.say(first)
-            turn = next_turn(app, mark)
-            reply_playing(app, turn, mark)
-            time.sleep(0.2)
-            app.say(rest)
-            time.sleep(6)
-            app.wait_event("TurnDone", None, 60, len(app.events()) - 1)
-            texts = " ".join(e["text"] for e in app.events()[mark:] if e["event"] == "TranscriptReady")
-            words = set(norm(rest_text))
-            lost.append(len(words - set(norm(texts))) / len(words))
-            recs = [r for t, r in app.records().items() if t >= turn and r.get("voice_to_voice_ms")]
-            if recs and not recs[-1]["cancelled"]:
-                v2v.append(recs[-1]["voice_to_voice_ms"])
-            time.sleep(1.5)
+            for part in parts:
+                try:
+                    part(app, result, k, long_q, germany, halves)
+                except AssertionError as e:
+                    result["failed"].append(f"{part.__name__} {k}: {str(e)[:200]}")
+                settle(app, timeout_s=40)
     finally:
         app.stop()
-    return {
-        "reactions_ms": reactions,
-        "answered": answered,
-        "trials": trials,
-        "words_lost": lost,
-        "v2v_ms": v2v,
-    }
+    return result
+
+
+def barge_in(app: App, result: dict, k: int, long_q: Path, germany: Path, _halves: list) -> None:
+    """A long question; 2.6 s into its reply, a new one: the reaction, and whether it was answered."""
+    mark = len(app.events())
+    app.say(long_q)
+    turn = next_turn(app, mark, timeout_s=30)
+    reply_playing(app, turn, mark, timeout_s=30)
+    time.sleep(2.2)  # past the 1.8 s continuation window from the first audio
+    app.say(germany)
+    settle(app, timeout_s=40)
+    ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
+    stop = next((e for e in ev if e["event"] in ("ReplyPaused", "BargeIn")), None)
+    if stop is not None:
+        result["reactions_ms"].append((stop["t_ns"] - stop["onset_t_ns"]) / 1e6)
+    heard = [
+        e["text"].lower()
+        for e in app.events()[mark:]
+        if e["event"] == "TranscriptReady" and e["turn_id"] != turn
+    ]
+    result["answered"] += any("germany" in text for text in heard)
+
+
+def paused(app: App, result: dict, k: int, _long: Path, _germany: Path, halves: list) -> None:
+    """The first half; the reply starts; 0.2 s later the second half: its words kept or lost."""
+    first, rest, rest_text = halves[k % len(halves)]
+    mark = len(app.events())
+    app.say(first)
+    turn = next_turn(app, mark, timeout_s=30)
+    reply_playing(app, turn, mark, timeout_s=30)
+    time.sleep(0.2)
+    app.say(rest)
+    settle(app, timeout_s=40)
+    texts = [e["text"] for e in app.events()[mark:] if e["event"] == "TranscriptReady"]
+    first_words = set(norm(PAUSED[k % len(PAUSED)][0]))
+    # The question answered: the transcript holding the most of the first half's words.
+    ranked = [(len(first_words & set(norm(t))), i) for i, t in enumerate(texts)]  # the later on ties
+    asked = texts[max(ranked)[1]] if texts else ""
+    words = set(norm(rest_text))
+    result["words_lost"].append(len(words - set(norm(asked))) / len(words))
+    recs = [r for t, r in app.records().items() if t >= turn and r["transcript"] == asked]
+    v2v = recs[-1]["metrics"].get("voice_to_voice_ms") if recs and not recs[-1]["cancelled"] else None
+    if v2v is not None:
+        result["v2v_ms"].append(v2v)
 
 
 def cpu_per_frame() -> dict:
@@ -191,6 +205,7 @@ def table(results: dict) -> str:
     row("barge-in reaction median (ms)", lambda r: f(pct(r["spoken"]["reactions_ms"], 50)))
     row("barge-in reaction P95 (ms)", lambda r: f(pct(r["spoken"]["reactions_ms"], 95)))
     row("barge-ins stopped / tried", lambda r: f"{len(r['spoken']['reactions_ms'])}/{r['spoken']['trials']}")
+    row("trials with no reply to speak over", lambda r: str(len(r["spoken"]["failed"])))
     row("new question answered", lambda r: f"{r['spoken']['answered']}/{r['spoken']['trials']}")
     row(
         "second-half words lost (paused)", lambda r: f(100 * float(np.mean(r["spoken"]["words_lost"]))) + " %"
@@ -218,21 +233,29 @@ def main(argv: list[str] | None = None) -> int:
         text=True,
     )
     env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
-    env = {k: v.strip("'\"") for k, v in env.items()}
-    configs: dict[str, tuple[Path | None, list[str], list[str]]] = {"new": (None, [], [])}
+    env = {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
+    # name -> (checkout, flags for echo only, for barge-ins, for paused questions). The code
+    # before full duplex hears nothing over a reply without --barge-in, so its barge-ins (and
+    # its echo-only run: would it interrupt itself?) use it; its paused questions run as a user
+    # gets it, by default.
+    configs: dict[str, tuple[Path | None, list[str], list[str], list[str]]] = {"new": (None, [], [], [])}
     if args.before:
-        configs = {"before": (args.before, ["--barge-in"], ["--barge-in"]), **configs}
+        configs = {"before": (args.before, ["--barge-in"], ["--barge-in"], []), **configs}
     results: dict[str, dict] = {}
     try:
         with echo_path(env, args.delay_ms, args.gain_db, 2):
-            for name, (checkout, echo_flags, spoken_flags) in configs.items():
+            for name, (checkout, echo_flags, barge_flags, paused_flags) in configs.items():
                 work = Path(tempfile.mkdtemp(prefix=f"duplex-{name}-"))
-                (work / "echo").mkdir()
-                (work / "spoken").mkdir()
+                for part in ("echo", "barge", "paused"):
+                    (work / part).mkdir()
                 print(f"{name}: echo only, {args.replies} replies", file=sys.stderr)
                 echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags)
-                print(f"{name}: {args.trials} barge-ins and paused questions", file=sys.stderr)
-                talk = spoken(env, work / "spoken", checkout, args.trials, spoken_flags)
+                print(f"{name}: {args.trials} barge-ins", file=sys.stderr)
+                barge = spoken(env, work / "barge", checkout, args.trials, barge_flags, (barge_in,))
+                print(f"{name}: {args.trials} paused questions", file=sys.stderr)
+                held = spoken(env, work / "paused", checkout, args.trials, paused_flags, (paused,))
+                talk = barge | {k: held[k] for k in ("words_lost", "v2v_ms")}
+                talk["failed"] = barge["failed"] + held["failed"]
                 results[name] = {"echo": echo, "spoken": talk}
     finally:
         subprocess.run(

@@ -104,20 +104,21 @@ def staging_folder(models_dir: Path, name: str) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def sweep_dead_pid_folders(parent: Path, prefix: str) -> list[Path]:
+def sweep_dead_pid_folders(parent: Path, prefix: str, pattern: re.Pattern[str] | None = None) -> list[Path]:
     """Remove folders ``<parent>/<prefix><pid>-*`` (and files) whose ``pid`` is not alive.
 
     For temporary folders named with their process id (``assistant-tts-<pid>-xxxx``); one
-    of another user, or that cannot be removed, is left alone.
+    of another user, or that cannot be removed, is left alone. ``pattern`` (group 1: the pid,
+    matched in full) names them otherwise (``assistant<pid><uuid>`` shared-memory regions).
     """
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-")
+    pattern = pattern or re.compile(re.escape(prefix) + r"(\d+)-.*")
     removed: list[Path] = []
     try:
         entries = list(parent.glob(f"{prefix}*"))
     except OSError:
         return removed
     for entry in entries:
-        match = pattern.match(entry.name)
+        match = pattern.fullmatch(entry.name)
         if match is None or pid_alive(int(match.group(1))):
             continue
         try:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from assistant.config.sections import ServeSettings
 from engines.serving.wire import MODEL_NAME, ServeOptions, tokenizer_sha256, write_repository
-from store.leftovers import pid_alive, sweep_dead_pid_folders
+from store.leftovers import sweep_dead_pid_folders
 
 if TYPE_CHECKING:  # assistant.config imports this module for [serve]
     from assistant.config import DecoderSettings, Settings
@@ -157,17 +157,8 @@ def sweep_dead_servers(shm_dir: Path = SHM_DIR) -> list[Path]:
     Only of processes that are gone: a server running beside this one keeps its regions.
     """
     removed = sweep_dead_pid_folders(Path(tempfile.gettempdir()), WORK_PREFIX)
-    for region in sorted(shm_dir.glob("assistant*")) if shm_dir.is_dir() else []:
-        match = SHM_REGION.fullmatch(region.name)
-        if match is None or pid_alive(int(match.group(1))):
-            continue
-        try:
-            region.unlink()
-        except OSError as e:
-            logger.debug("cannot remove %s: %s", region, e)
-            continue
-        logger.info("removed %s, left by 'assistant serve' process %s, which is gone", region, match.group(1))
-        removed.append(region)
+    if shm_dir.is_dir():
+        removed += sweep_dead_pid_folders(shm_dir, "assistant", SHM_REGION)
     return removed
 
 
