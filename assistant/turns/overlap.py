@@ -56,10 +56,11 @@ STOPS = frozenset(
         "one moment", "just a moment", "thats enough", "that's enough",
         # "Stop" with its first 100 ms under the reply (paused at its onset): AEC3's suppressor
         # eats the "s" (or the "st") and tiny.en writes "Top." or "Up." (measured on the echo rig).
-        "top", "top talking", "top it", "up", "op",
+        "top", "top talking", "top it", "up", "op", "please stop", "stop please",
     }
 )  # fmt: skip
 MAX_BACKCHANNEL_WORDS = 4  # "oh okay yeah right": longer is more than listening
+MAX_STOP_WORDS = 4  # "stop it please": a request to stop; longer ("Stop. What is ...") is a question
 _SOUNDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "[coughs]", "(laughs)", "*sigh*"
 _NOT_WORD = re.compile(r"[^a-z0-9' ]+")
 
@@ -81,6 +82,9 @@ def judge(text: str) -> OverlapVerdict:
         return OverlapVerdict.NOISE
     if words in STOPS or words.replace("'", "") in STOPS:
         return OverlapVerdict.STOP
+    short = len(words.split()) <= MAX_STOP_WORDS
+    if short and (starts_with_stop(words) or _ends_with_stop(words)):  # "stop please", "please stop"
+        return OverlapVerdict.STOP
     if _all_backchannel(words):
         return OverlapVerdict.BACKCHANNEL
     return OverlapVerdict.BARGE_IN
@@ -93,6 +97,12 @@ def starts_with_stop(text: str) -> bool:
     """
     words = normalise(text).replace("'", "").split()
     return any(words[: len(stop.split())] == stop.replace("'", "").split() for stop in STOPS)
+
+
+def _ends_with_stop(words: str) -> bool:
+    """Whether short words end with a request to stop ("please stop", "no, wait", "the end is top")."""
+    parts = words.replace("'", "").split()
+    return any(parts[-len(stop.split()) :] == stop.replace("'", "").split() for stop in STOPS if stop != "up")
 
 
 def _all_backchannel(words: str) -> bool:

@@ -207,6 +207,11 @@ def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
         ("Stop!", OverlapVerdict.STOP),
         ("Top.", OverlapVerdict.STOP),  # "Stop" whose start AEC3 ate under the reply
         ("Up.", OverlapVerdict.STOP),
+        ("Stop, please.", OverlapVerdict.STOP),
+        ("Please stop.", OverlapVerdict.STOP),
+        ("The end is top.", OverlapVerdict.STOP),  # "Please stop." over the reply, as heard on the rig
+        ("What is at the top", OverlapVerdict.BARGE_IN),  # not short: a question
+        ("Top please.", OverlapVerdict.STOP),
         ("Uh-uh.", OverlapVerdict.BACKCHANNEL),
         ("Wait.", OverlapVerdict.STOP),
         ("Hold on.", OverlapVerdict.STOP),
