@@ -50,10 +50,14 @@ class PlainTokenizer:
         tokenizer: ``tokenizer.json`` loaded by the tokenizers library.
         config: The folder's ``tokenizer_config.json``.
         chat_template: Its chat template.
+        name_or_path: The model folder (``render_chat`` names the template's file in it).
     """
 
-    def __init__(self, tokenizer: Any, config: dict[str, Any], chat_template: str) -> None:
+    def __init__(
+        self, tokenizer: Any, config: dict[str, Any], chat_template: str, name_or_path: str = ""
+    ) -> None:
         self._tokenizer = tokenizer
+        self.name_or_path = name_or_path  # the model folder, as transformers names it (error messages)
         self.chat_template = chat_template
         self.special_tokens_map = {n: _content(config[n]) for n in SPECIAL_NAMES if config.get(n) is not None}
         eos = self.special_tokens_map.get("eos_token")
@@ -137,7 +141,7 @@ def load_plain(model_dir: Path) -> PlainTokenizer | None:
     declared = config.get("added_tokens_decoder")
     if declared is not None and not _same_added_tokens(declared, added):
         return None
-    return PlainTokenizer(tokenizer, config, template)
+    return PlainTokenizer(tokenizer, config, template, str(model_dir))
 
 
 def _one_chat_template(model_dir: Path, in_config: Any) -> str | None:
