@@ -214,21 +214,21 @@ class EchoCanceller:
             self._far_frames += 1
             if self._far_frames % DELAY_EVERY_FRAMES == 0:
                 self._estimate_delay()
-        return self._gate_residual(out)
+        return self._gate_residual(out, near_f)
 
-    def _gate_residual(self, out: np.ndarray) -> np.ndarray:
+    def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> np.ndarray:
         """Silence what is left of the echo: output ``residual_gate_db`` under what just played.
 
         The loudest far-end frame whose echo can be in this frame sets the level: around the
         estimated echo delay plus a room tail once the delay is known, else over the whole
         reach (``max_delay_ms`` plus the tail). The user's own voice at the microphone is louder
-        than that by far; after the reply pauses, the gate lets go once its echo has passed. AEC3
+        than that by far; after the reply pauses, the gate lets go once its echo has passed.
+        When nothing that could echo here was played, the microphone passes as it is: AEC3 on
+        speech alone is not quite transparent, and tiny.en heard "capital and friends" in it. AEC3
         leaves a little echo while it adapts to a new signal (the first words of a reply), which
         the VAD would otherwise take for speech over the reply.
         """
         gate_db = self.options.residual_gate_db
-        if gate_db <= 0:
-            return out
         recent = self._far_recent
         if self._delay_ms is not None:  # the echo of now left the speaker this long ago: look there
             lag = round(self._delay_ms / 10)
@@ -237,8 +237,8 @@ class EchoCanceller:
         else:
             loudest = max(recent)
         if loudest <= FAR_ACTIVE_RMS**2:
-            return out
-        if float(np.mean(out**2)) >= loudest * 10 ** (-gate_db / 10):
+            return near  # nothing played that could echo here: the microphone as it is
+        if gate_db <= 0 or float(np.mean(out**2)) >= loudest * 10 ** (-gate_db / 10):
             return out
         self.gated_frames += 1
         return np.zeros_like(out)
