@@ -304,7 +304,7 @@ def test_barge_in_stops_the_piper_reply_on_the_virtual_speaker(pulse, voice_fold
     from tests.helpers.voice import Live, sound_bursts
 
     speak("What is the capital of France?", tmp_path, "q")
-    speak("Wait, stop. What is the capital of Germany?", tmp_path, "interrupt")
+    speak("Stop. What is the capital of Germany?", tmp_path, "interrupt")
     env = {**os.environ, **pulse}
     events_path, recording = tmp_path / "events.jsonl", tmp_path / "speaker.wav"
     log = tmp_path / "turns.jsonl"
