@@ -130,6 +130,9 @@ class EchoCanceller:
         reach = (options.max_delay_ms + RESIDUAL_TAIL_MS) // 10
         self._far_recent: deque[float] = deque([0.0], maxlen=max(1, reach))  # far-end power per frame
         self.gated_frames = 0  # frames silenced as residual echo
+        # No echo path (a headset): the far end never reached the microphone. The microphone
+        # then passes as it is; the canceller keeps adapting, and a correlated echo ends this.
+        self.echo_free = False
 
     def _index(self, t_ns: int) -> int:
         if self._origin_ns is None:
@@ -214,6 +217,8 @@ class EchoCanceller:
             self._far_frames += 1
             if self._far_frames % DELAY_EVERY_FRAMES == 0:
                 self._estimate_delay()
+        if self.echo_free:
+            return near_f
         return self._gate_residual(out, near_f)
 
     def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> np.ndarray:
@@ -244,11 +249,27 @@ class EchoCanceller:
         return np.zeros_like(out)
 
     def _estimate_delay(self) -> None:
-        """The lag of the strongest normalized correlation of microphone and far end, if strong."""
+        """The echo's delay (strongest normalized correlation of microphone and far end), and
+        whether there is an echo path at all (:attr:`echo_free`).
+
+        A correlated echo less than ``residual_gate_db`` under the far end is an echo path; a
+        window of far-end audio with the microphone ``converged_below_db`` under it and no such
+        echo is none. The user's speech lowers that loss but never correlates, so talking over
+        a reply on a headset does not bring the canceller back.
+        """
         near, far = np.concatenate(self._delay_near), np.concatenate(self._delay_far)
         lag, corr = estimate_delay(far, near, self.options.max_delay_ms)
         if corr >= DELAY_MIN_CORRELATION:
             self._delay_ms = lag * 1000 / SAMPLE_RATE_HZ
+            echo_db = 10 * float(
+                np.log10(max(float(np.sum(far**2)), 1e-12) / max(float(np.sum(near**2)), 1e-12))
+            )
+            if echo_db < self.options.residual_gate_db:
+                self.echo_free = False
+                return
+        loss = self.stats().echo_loss_db
+        if loss is not None and loss >= self.options.converged_below_db:
+            self.echo_free = True
 
     def stats(self) -> EchoStats:
         """ERLE, delay and convergence so far (see :class:`EchoStats`)."""
@@ -260,8 +281,9 @@ class EchoCanceller:
             loss = 10 * float(np.log10(e_far / e_in))
             below = self.options.converged_below_db
             converged = loss + erle >= below and (erle >= self.options.converged_erle_db or loss >= below)
-            if loss >= below:
+            if loss >= below or self.echo_free:
                 erle = None  # no echo to speak of (a headset): nothing was there to remove
+            converged = converged or self.echo_free
         return EchoStats(erle, self._delay_ms, converged, self._far_frames, loss)
 
 

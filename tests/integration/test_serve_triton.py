@@ -175,6 +175,25 @@ def test_empty_and_over_context_requests_get_their_reason(server, model_dir, tok
     )
 
 
+def test_a_station_connects_with_the_address_serves_banner_prints(server) -> None:
+    """``grpc://HOST:PORT``, as the banner prints it: gRPC's client said "Misformatted domain name"."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "assistant",
+        "chat",
+        "--llm-server",
+        f"grpc://{server.url}",
+        "--max-new-tokens",
+        "8",
+    ]
+    out = subprocess.run(
+        cmd, input="What is the capital of France?\n", capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"decoding on the LLM server {server.url}" in out.stderr and "Paris" in out.stdout, out
+
+
 def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn_works(
     server, model_dir
 ) -> None:
@@ -223,25 +242,6 @@ def test_a_server_killed_mid_reply_cuts_the_turn_with_a_notice_and_the_next_turn
     finally:
         session.close()
         state["server"].stop()
-
-
-def test_a_station_connects_with_the_address_serves_banner_prints(server) -> None:
-    """``grpc://HOST:PORT``, as the banner prints it: gRPC's client said "Misformatted domain name"."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "assistant",
-        "chat",
-        "--llm-server",
-        f"grpc://{server.url}",
-        "--max-new-tokens",
-        "8",
-    ]
-    out = subprocess.run(
-        cmd, input="What is the capital of France?\n", capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr
-    assert f"decoding on the LLM server {server.url}" in out.stderr and "Paris" in out.stdout, out
 
 
 def test_a_refused_or_impossible_llm_server_address_is_one_line_naming_the_flag() -> None:

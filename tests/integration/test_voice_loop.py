@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 from bench.speech import read_wav, speak
-from tests.helpers.voice import Live, assistant, sound_bursts, transcribe
+from tests.helpers.voice import (
+    AFTER_CONTINUATION_WINDOW_S,
+    Live,
+    assistant,
+    sound_bursts,
+    transcribe,
+    wait_for_answer,
+    wait_for_event,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = [  # the endpoint is not in it: speculative ASR may finish before the end of the turn
@@ -184,17 +192,22 @@ def test_live_turn_through_virtual_mic_and_speaker_then_sigint_during_playback_e
     live.wait_for(r"\[turn 2\] assistant:")  # the reply's first sentence is playing now
     live.proc.send_signal(signal.SIGINT)
     assert live.proc.wait(30) == 0
-    assert "stopped" in live.proc.stdout.read()
+    assert "stopped" in live.output()
     assert "Traceback" not in live.proc.stderr.read()
 
 
-def test_barge_in_stops_the_reply_within_200_ms_and_keeps_only_what_was_heard(pulse, question_wav, tmp_path):
-    """With --barge-in, a second question spoken over the reply stops it and is answered.
+def test_barge_in_stops_the_reply_within_200_ms_and_keeps_only_what_was_heard(pulse, tmp_path):
+    """With --barge-in, "Stop. What is the capital of Germany?" over the reply stops it within
+    200 ms, and the question is answered ("Stop." on its own turn is not; docs/voice.md).
 
-    The virtual speaker does not feed the virtual mic, as with a headset.
+    The virtual speaker does not feed the virtual mic, as with a headset: the canceller must
+    leave the voice alone (it took 19 dB off it, and the words were lost). The interruption
+    starts past the continuation window (words within it continue the question), so the
+    question asks for a reply long enough to be still playing then.
     """
     events_path, recording = tmp_path / "events.jsonl", tmp_path / "speaker.wav"
-    interruption = tmp_path / "interrupt.wav"
+    question, interruption = tmp_path / "question.wav", tmp_path / "interrupt.wav"
+    speak("Tell me about the history of Paris.", tmp_path, "question")
     speak("Stop. What is the capital of Germany?", tmp_path, "interrupt")
     env = {**os.environ, **pulse}
     live = Live(pulse, tmp_path / "turns.jsonl", "--barge-in", "--events", str(events_path))
@@ -204,16 +217,17 @@ def test_barge_in_stops_the_reply_within_200_ms_and_keeps_only_what_was_heard(pu
         + ["--file-format=wav", str(recording)],
         env=env,
     )
-    subprocess.run(["paplay", "--device=micfeed", str(question_wav)], env=env, check=True)
-    live.wait_for(r"\[turn 1\] assistant:")  # the first sentence is being spoken now
+    subprocess.run(["paplay", "--device=micfeed", str(question)], env=env, check=True)
+    wait_for_event(events_path, live.proc, 1, "AudioReady")  # the first piece is being played now
+    time.sleep(AFTER_CONTINUATION_WINDOW_S)
     subprocess.run(["paplay", "--device=micfeed", str(interruption)], env=env, check=True)
-    live.wait_for(r"turn 2 \| voice-to-voice")
+    answer = wait_for_answer(events_path, live.proc, "germany")
     time.sleep(0.5)
     recorder.send_signal(signal.SIGINT)
     recorder.wait(10)
     live.proc.send_signal(signal.SIGINT)
     assert live.proc.wait(30) == 0
-    output = "".join(live.lines) + live.proc.stdout.read()
+    output = live.output()
 
     events = [json.loads(line) for line in events_path.read_text().splitlines()]
     (barge,) = [e for e in events if e["event"] == "BargeIn"]
@@ -224,12 +238,12 @@ def test_barge_in_stops_the_reply_within_200_ms_and_keeps_only_what_was_heard(pu
     assert "interrupted: reply stopped" in output
 
     records = {r["turn_id"]: r for r in map(json.loads, (tmp_path / "turns.jsonl").read_text().splitlines())}
-    assert records[1]["cancelled"] == "interrupted" and records[2]["cancelled"] == ""
+    assert records[1]["cancelled"] == "interrupted" and records[answer]["cancelled"] == ""
+    assert [t for t in records if t not in (1, answer)] == []  # "Stop." alone got no reply
     generated = " ".join(e["text"] for e in events if e["event"] == "SentenceReady" and e["turn_id"] == 1)
     assert len(records[1]["reply"].split()) < len(generated.split())  # history keeps what was heard
-    assert "germany" in records[2]["transcript"].lower()
 
-    # What reached the speaker: turn 1's reply broke off early, then turn 2's reply played.
+    # What reached the speaker: turn 1's reply broke off early, then the answer played.
     full_s = sum(e["audio_ms"] for e in events if e["event"] == "AudioReady" and e["turn_id"] == 1) / 1000
     bursts = sound_bursts(read_wav(recording))
     assert len(bursts) >= 2, bursts

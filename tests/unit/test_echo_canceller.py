@@ -183,3 +183,41 @@ def test_left_over_echo_is_silenced_and_the_users_voice_over_the_reply_is_not() 
         np.count_nonzero(run(ungated, far, echo_of(far, 60, -13) + user)[echo_only])
         > 0.5 * out[echo_only].size
     )
+
+
+def test_with_no_echo_path_the_users_voice_over_the_reply_passes_untouched() -> None:
+    """A headset: the reply never reaches the microphone, so the canceller must not touch the
+    user speaking over it (AEC3 and the residual gate took 19 dB off such speech, and the
+    endpointer then heard none of "Stop. What is the capital of Germany?"). A quiet voice,
+    30 dB under the reply, is the hardest case for the gate.
+    """
+    far = speechlike(6, seed=1)
+    user = np.zeros_like(far)
+    user[3 * SAMPLE_RATE_HZ : 5 * SAMPLE_RATE_HZ] = 10 ** (-30 / 20) * speechlike(2, seed=9)
+    canceller = make()
+    out = run(canceller, far, user)
+    talking = slice(3 * SAMPLE_RATE_HZ, 5 * SAMPLE_RATE_HZ - 2 * BLOCK)
+    assert canceller.stats().converged and canceller.stats().erle_db is None  # "no echo heard"
+    np.testing.assert_allclose(out[talking], user[talking], atol=2 / 32767)  # int16 in between
+
+
+def test_an_echo_that_appears_later_is_cancelled_again() -> None:
+    """Headset off, speakers on: once the far end is heard in the microphone, it is removed."""
+    far = speechlike(10, seed=1)
+    near = echo_of(far, 60, -13)
+    near[: 4 * SAMPLE_RATE_HZ] = 0  # 4 s with no echo path, then the speakers
+    canceller = make()
+    out = run(canceller, far, near)
+    late = slice(7 * SAMPLE_RATE_HZ, 10 * SAMPLE_RATE_HZ - 2 * BLOCK)
+    assert energy_db(out[late]) < energy_db(near[late]) - 20
+
+
+def test_talking_over_the_reply_on_a_headset_reports_no_erle() -> None:
+    """The user's voice is not echo: a headset's reply with speech over it has no ERLE to show."""
+    far = speechlike(6, seed=1)
+    user = np.zeros_like(far)
+    user[3 * SAMPLE_RATE_HZ :] = speechlike(3, seed=9)
+    canceller = make()
+    run(canceller, far, user)
+    stats = canceller.stats()
+    assert stats.converged and stats.erle_db is None, stats
