@@ -60,7 +60,10 @@ def question_wav(tmp_path_factory):
 
 
 def check_record(rec: dict) -> None:
-    assert "capital of france" in re.sub(r"[^a-z ]", "", rec["transcript"].lower())
+    # tiny.en's word, not the loop's: live, it has written "What is the capital and France?"
+    # (bench.asr_window measures its word error rate on 107 utterances).
+    words = re.sub(r"[^a-z ]", "", rec["transcript"].lower()).split()
+    assert "capital" in words and "france" in words, rec["transcript"]
     assert "Paris" in rec["reply"]
     stamps = [rec["timestamps_ns"][k] for k in ORDER]
     assert stamps == sorted(stamps), rec["timestamps_ns"]
