@@ -249,9 +249,9 @@ class EchoCanceller:
         return np.zeros_like(out)
 
     def _estimate_delay(self) -> None:
-        """The echo's delay (strongest normalized correlation of microphone and far end), and
-        whether there is an echo path at all (:attr:`echo_free`).
+        """The echo's delay, and whether there is an echo path at all (:attr:`echo_free`).
 
+        The delay is the lag of the strongest normalized correlation of microphone and far end.
         A correlated echo less than ``residual_gate_db`` under the far end is an echo path; a
         window of far-end audio with the microphone ``converged_below_db`` under it and no such
         echo is none. The user's speech lowers that loss but never correlates, so talking over

@@ -198,7 +198,7 @@ class LiveLoop:
         with self._ids:
             turn = self.endpointer.turn_id
             self.endpointer.reset()
-        held = self.pipeline.drop_held()
+        held = self.pipeline.hearing.drop_held()
         self.mic.drain()
         with self.floor:
             self._apply(self.engine.microphone_lost(turn, held, time.monotonic_ns()))

@@ -13,52 +13,38 @@ import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from assistant.events import (
     CancelReason,
     DiscardReason,
     EchoMeasured,
     Event,
-    PartialTranscript,
     PlaybackEnded,
-    PromptSubmitted,
-    SentenceReady,
     SpeculationDiscarded,
     SpeculationStarted,
     SpeechEnded,
     SpeechPaused,
-    TokenGenerated,
     TranscriptReady,
     TurnCancelled,
-    TurnDone,
-    TurnHeld,
 )
-from assistant.observe.latency import TurnRecord, build_record
-from assistant.stages.asr import first_clip_end
+from assistant.observe.latency import TurnRecord
 from assistant.stages.audio import AudioSink
 from assistant.stages.dialogue import Dialogue, Reply
-from assistant.stages.vad import SAMPLE_RATE_HZ
-from assistant.turns.protocols import (
-    HeldSpeech,
-    PipelineOptions,
-    ReplyGate,
-    Splits,
-    Synthesizes,
-    Transcribes,
-)
+from assistant.turns.hearing import Hearing
+from assistant.turns.protocols import PipelineOptions, ReplyGate, Splits, Synthesizes, Transcribes
+from assistant.turns.reply_stream import stream_reply
 from assistant.turns.speaking import ReplyAudio
+from assistant.turns.turn_log import TurnLog
 from engines.serving.remote import ServerUnavailable
-from store.files import append_line
 
 logger = logging.getLogger(__name__)
 
-CONTINUATION_GAP_SAMPLES = SAMPLE_RATE_HZ * 3 // 10  # 0.3 s between a question and its rest
-OVERLAP_NO_SPEECH = 0.8  # Whisper's no-speech probability above which speech over a reply had no words
-
 
 class VoicePipeline:
-    """Runs turns through every stage and reports events to ``emit`` (from worker threads)."""
+    """Runs turns through every stage and reports events to ``emit`` (from worker threads).
+
+    Its parts: :class:`Hearing` (ASR and held speech), :func:`stream_reply` (tokens to
+    sentences), :class:`ReplyAudio` (TTS and playback) and :class:`TurnLog` (events, records).
+    """
 
     def __init__(
         self,
@@ -75,24 +61,14 @@ class VoicePipeline:
         self.synthesizer = synthesizer
         self.make_splitter = make_splitter
         self.options = options
-        self._emit_external = emit
         self.llm_model = llm_model
-        self.records: list[TurnRecord] = []
-        self._events: list[Event] = []  # the turns in flight; emitted from several threads
-        self._events_lock = threading.Lock()
-        self.asr_lock = threading.Lock()  # one transcription at a time: the turn's, or a partial one
-        self._transcribing: set[int] = set()  # turns whose own ASR has started
+        self.log = TurnLog(emit, options.log_path)
+        self.records = self.log.records
+        self.emit = self.log.emit
+        self.hearing = Hearing(transcriber, self.emit)
         self._server_lost: set[int] = set()  # turns whose LLM server failed mid-reply
-        self.held = HeldSpeech()  # only the turn threads touch it, one turn at a time
         # (ERLE dB, echo delay ms) over the reply just played, when the microphone is echo-cancelled
         self.echo_report: Callable[[], tuple[float | None, float | None]] | None = None
-
-    def emit(self, event: Event) -> None:
-        """Record an event and pass it on."""
-        with self._events_lock:
-            self._events.append(event)
-        if self._emit_external:
-            self._emit_external(event)
 
     def run_turn(
         self,
@@ -112,38 +88,26 @@ class VoicePipeline:
         gate = gate or ReplyGate()
         turn = utterance.turn_id
         start_ns = time.monotonic_ns()
-        self._forget_other_turns(turn)
-        with self._events_lock:
-            seen = any(e is utterance for e in self._events)
-        if not seen:
+        self.log.forget_before(turn)
+        if not self.log.emitted(utterance):
             self.emit(utterance)
         if not gate.confirmed.is_set():
             self.emit(SpeculationStarted(turn, start_ns, "asr"))
-        self._transcribing.add(turn)  # a partial transcript finishing now would be stale
+        hearing = self.hearing
+        hearing.started(turn)
         if isinstance(utterance, SpeechEnded) and utterance.cut:
-            self._hold(turn, utterance.audio)
+            hearing.hold(turn, utterance.audio)
             return None
-        held = self.held
-        audio = np.concatenate([held.audio, utterance.audio]) if held.turns else utterance.audio
-        with self.asr_lock:
-            result = self.transcriber.transcribe(audio, long_form=bool(held.turns) and not held.continued)
-        text = " ".join([*held.texts, result.text.strip()]).strip()
+        result, text, held, audio = hearing.transcribe(utterance.audio)
         if gate.discarded:
             self._discarded(turn, start_ns, gate.reason)
             return None
-        asr_ms = result.asr_ms
         self.emit(
             TranscriptReady(
-                turn,
-                time.monotonic_ns(),
-                text,
-                asr_ms,
-                tuple(held.turns),
-                result.window,
-                result.fell_back,
-                result.unclear,
+                turn, time.monotonic_ns(), text, result.asr_ms, tuple(held.turns), result.window,
+                result.fell_back, result.unclear,
             )
-        )
+        )  # fmt: skip
         if not text:
             if not gate.wait(cancel):
                 self._discarded(turn, start_ns, gate.reason)
@@ -152,32 +116,11 @@ class VoicePipeline:
             record: TurnRecord | None = self._finish(turn)
         else:
             record = self._answer(turn, text, sink, cancel, gate, start_ns)
-        if record is not None and self.held is held:
-            self.held = HeldSpeech()  # answered: the next long utterance starts afresh
+        if record is not None:
+            hearing.answered(held)
         if gate.joins_next and gate.hold_speech:  # the user went on: answer it all next turn
-            gap = np.zeros(CONTINUATION_GAP_SAMPLES, np.float32)
-            self.held = HeldSpeech([turn], [], np.concatenate([audio, gap]), continued=True)
+            hearing.continue_with(turn, audio)
         return record
-
-    def drop_held(self) -> list[int]:
-        """Forget the held speech (the microphone was lost mid-utterance); returns its turns."""
-        held, self.held = self.held, HeldSpeech()
-        return held.turns
-
-    def _hold(self, turn: int, audio: np.ndarray) -> None:
-        """Keep a turn cut for length; transcribe the held speech's clips that became final."""
-        held = self.held
-        held.turns.append(turn)
-        held.audio = np.concatenate([held.audio, audio])
-        while (end := first_clip_end(held.audio)) is not None:
-            with self.asr_lock:
-                result = self.transcriber.transcribe(held.audio[:end], long_form=True)
-            if text := result.text.strip():
-                held.texts.append(text)
-            held.audio = held.audio[end:]
-        self._transcribing.discard(turn)
-        pending_ms = 1000.0 * held.audio.size / SAMPLE_RATE_HZ
-        self.emit(TurnHeld(turn, time.monotonic_ns(), " ".join(held.texts), pending_ms))
 
     def run_text_turn(
         self,
@@ -192,7 +135,7 @@ class VoicePipeline:
         Its record has no speech stages (endpointing, ASR, voice-to-voice are ``None``);
         the ``TranscriptReady`` it emits carries the typed text.
         """
-        self._forget_other_turns(turn)
+        self.log.forget_before(turn)
         self.emit(TranscriptReady(turn, time.monotonic_ns(), text.strip(), 0.0))
         # The live loop's gate asks the turn engine before each piece plays: a typed turn's reply
         # holds the floor like a spoken one's (the microphone is gated or heard over it alike).
@@ -250,36 +193,9 @@ class VoicePipeline:
         return self._finish(turn)
 
     def _discarded(self, turn: int, start_ns: int, reason: DiscardReason) -> None:
-        self._transcribing.discard(turn)  # the user goes on: partial transcripts again
+        self.hearing.finished(turn)  # the user goes on: partial transcripts again
         work_ms = (time.monotonic_ns() - start_ns) / 1e6
         self.emit(SpeculationDiscarded(turn, time.monotonic_ns(), reason, work_ms))
-
-    def partial_transcript(self, turn: int, audio: np.ndarray) -> None:
-        """Transcribe the utterance in progress for the live display (``PartialTranscript``).
-
-        Skipped when the turn's own ASR holds the model: the final answer never waits for it
-        to start (at most for one partial already running).
-        """
-        if not self.asr_lock.acquire(blocking=False):
-            return
-        try:
-            result = self.transcriber.transcribe(audio, quick=True)
-        finally:
-            self.asr_lock.release()
-        text = result.text.strip()
-        if text and turn not in self._transcribing:
-            asr_ms = result.asr_ms
-            self.emit(PartialTranscript(turn, time.monotonic_ns(), text, 1000 * audio.size / 16000, asr_ms))
-
-    def transcribe_overlap(self, turn: int, audio: np.ndarray) -> str:
-        """The words of speech over a reply (greedy: they only decide what the speech was).
-
-        Nothing when Whisper itself doubts there was speech (``no_speech_prob``): a hum or a
-        cough it would otherwise put words to.
-        """
-        with self.asr_lock:
-            result = self.transcriber.transcribe(audio, quick=True)
-        return result.text.strip() if result.no_speech_prob < OVERLAP_NO_SPEECH else ""
 
     def dialogue_reply(self) -> str:
         """The last reply as generated (what a reader saw when nothing is spoken)."""
@@ -297,77 +213,24 @@ class VoicePipeline:
         if not gate.confirmed.is_set():
             self.emit(SpeculationStarted(turn, time.monotonic_ns(), "llm"))
         reply = self.dialogue.ask(text, cancel, held=True)
-        splitter = self.make_splitter()
         try:
-            self._stream_reply(turn, reply, say, cancel, gate, splitter)
+            stream_reply(turn, reply, self.make_splitter(), say, cancel, gate, self.emit)
         except ServerUnavailable as e:  # --llm-server: the text so far is kept, the next turn reconnects
             logger.warning("turn %d: %s", turn, e)
             self._server_lost.add(turn)
         return reply
 
-    def _stream_reply(
-        self,
-        turn: int,
-        reply: Reply,
-        say: Callable[[int, str], None],
-        cancel: threading.Event,
-        gate: ReplyGate,
-        splitter: Splits,
-    ) -> None:
-        """Feed the reply's tokens to the splitter and its sentences to ``say``."""
-        index = 0
-        submitted = False
-        for chunk in reply:
-            if not submitted:  # the stats know the prompt split only once iteration began
-                submitted = True
-                s = reply.stats
-                self.emit(
-                    PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens, s.network_ms)
-                )
-            if chunk.token_id >= 0:
-                self.emit(TokenGenerated(turn, chunk.t_ns, chunk.index, chunk.text))
-            for sentence in splitter.push(chunk.text):
-                self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
-                say(index, sentence)
-                index += 1
-            # Speculating: one sentence ready to play is enough until the user is done.
-            if index and not gate.wait(cancel):
-                break
-        if not submitted:
-            s = reply.stats
-            self.emit(PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens))
-        if not cancel.is_set() and not gate.discarded:
-            for sentence in splitter.flush():
-                self.emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
-                say(index, sentence)
-                index += 1
-
-    def _snapshot(self) -> list[Event]:
-        with self._events_lock:
-            return list(self._events)
-
-    def _forget_other_turns(self, turn: int) -> None:
-        """Keep only ``turn``'s events (and later turns' already heard): earlier turns are done."""
-        with self._events_lock:
-            self._events[:] = [e for e in self._events if e.turn_id >= turn]
-
     def _finish(self, turn: int) -> TurnRecord:
-        self._transcribing.discard(turn)
+        self.hearing.finished(turn)
         self._server_lost.discard(turn)
-        record = build_record(
+        return self.log.finish(
             turn,
-            self._snapshot(),
             backend=self.dialogue.decoder.name,
             backend_fallback=self.dialogue.decoder.fallback,
             llm_model=self.llm_model,
             asr_model=self.transcriber.description,
             tts_voice=self.synthesizer.description if self.synthesizer is not None else "",
         )
-        self.records.append(record)
-        if self.options.log_path:
-            append_line(self.options.log_path, record.to_json())
-        self.emit(TurnDone(turn, time.monotonic_ns(), record))
-        return record
 
 
 def _silent(_index: int, _sentence: str) -> None:

@@ -2,7 +2,7 @@
 
 Each runs on its own thread (``partial-asr``, ``overlap-asr``) fed by the capture thread, so
 that the microphone is never held up by Whisper. Both use the pipeline's ASR under its lock
-(:meth:`VoicePipeline.partial_transcript`, :meth:`VoicePipeline.transcribe_overlap`).
+(:class:`~assistant.turns.hearing.Hearing`).
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ class SideTranscripts:
 
     def _partial_worker(self) -> None:
         while (item := self.partials.get()) is not None:
-            self.pipeline.partial_transcript(*item)
+            self.pipeline.hearing.partial_transcript(*item)
 
     def _judge_worker(self) -> None:
         while (item := self.judgements.get()) is not None:
             turn, audio = item
-            text = self.pipeline.transcribe_overlap(turn, audio)
+            text = self.pipeline.hearing.transcribe_overlap(audio)
             self.heard(turn, text, time.monotonic_ns())

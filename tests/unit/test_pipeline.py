@@ -267,7 +267,7 @@ def test_held_speech_past_a_window_is_transcribed_while_the_user_still_speaks():
     assert len(asr.heard) == 1 and asr.heard[0][0] <= WINDOW_S * RATE  # the first clip, final now
     held = [e for e in events if isinstance(e, TurnHeld)]
     assert held[-1].text == "clip one" and held[-1].pending_ms < 20_000
-    assert pipeline.drop_held() == [1, 2] and pipeline.drop_held() == []
+    assert pipeline.hearing.drop_held() == [1, 2] and pipeline.hearing.drop_held() == []
 
 
 def test_an_interrupted_reply_keeps_only_the_words_that_were_played():
@@ -324,13 +324,13 @@ def test_a_lost_speaker_cuts_the_audio_but_keeps_the_reply_text():
 def test_a_partial_transcript_is_skipped_while_the_turn_transcribes_and_dropped_once_stale():
     asr = ScriptedAsr(["how many", "how many days"])
     pipeline, events = make(asr)
-    pipeline.partial_transcript(1, np.zeros(RATE, np.float32))
+    pipeline.hearing.partial_transcript(1, np.zeros(RATE, np.float32))
     assert [e.text for e in events if isinstance(e, PartialTranscript)] == ["how many"]
-    with pipeline.asr_lock:  # the turn's own ASR holds the model
-        pipeline.partial_transcript(1, np.zeros(RATE, np.float32))
+    with pipeline.hearing.lock:  # the turn's own ASR holds the model
+        pipeline.hearing.partial_transcript(1, np.zeros(RATE, np.float32))
     assert len(asr.heard) == 1
-    pipeline._transcribing.add(1)  # the turn's own ASR began: a partial finishing now is stale
-    pipeline.partial_transcript(1, np.zeros(RATE, np.float32))
+    pipeline.hearing.started(1)  # the turn's own ASR began: a partial finishing now is stale
+    pipeline.hearing.partial_transcript(1, np.zeros(RATE, np.float32))
     assert len([e for e in events if isinstance(e, PartialTranscript)]) == 1
 
 

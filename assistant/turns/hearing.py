@@ -1,0 +1,116 @@
+"""The turns' ASR: one transcription at a time, held speech, partial and overlap words.
+
+A turn's own transcription, the live display's partial transcripts (``partial-asr``) and the
+words of speech over a reply (``overlap-asr``) share one Whisper model under :attr:`Hearing.lock`.
+Speech cut for length, or a question the user went on with after its reply began, is held
+(:class:`HeldSpeech`) and answered with the next turn, as one question.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from assistant.events import Event, PartialTranscript, TurnHeld
+from assistant.stages.asr import TranscriptResult, first_clip_end
+from assistant.stages.vad import SAMPLE_RATE_HZ
+from assistant.turns.protocols import HeldSpeech, Transcribes
+
+CONTINUATION_GAP_SAMPLES = SAMPLE_RATE_HZ * 3 // 10  # 0.3 s between a question and its rest
+OVERLAP_NO_SPEECH = 0.8  # Whisper's no-speech probability above which speech over a reply had no words
+
+
+class Hearing:
+    """Transcribes turns with ``transcriber`` and keeps the speech held for the next turn.
+
+    ``held`` is touched by the turn threads only, one turn at a time; the partial and overlap
+    threads touch only the lock and :meth:`started` turns.
+    """
+
+    def __init__(self, transcriber: Transcribes, emit: Callable[[Event], None]) -> None:
+        self.transcriber = transcriber
+        self.emit = emit
+        self.lock = threading.Lock()  # one transcription at a time: a turn's, or a partial one
+        self._transcribing: set[int] = set()  # turns whose own ASR has started
+        self.held = HeldSpeech()
+
+    def started(self, turn: int) -> None:
+        """``turn``'s own ASR begins: a partial transcript finishing now would be stale."""
+        self._transcribing.add(turn)
+
+    def finished(self, turn: int) -> None:
+        """``turn`` is answered, held or discarded: partial transcripts of later speech again."""
+        self._transcribing.discard(turn)
+
+    def transcribe(self, audio: np.ndarray) -> tuple[TranscriptResult, str, HeldSpeech, np.ndarray]:
+        """A turn's words with the held speech before them.
+
+        Returns the result, the whole text (held clips first), the held speech it answers and
+        the audio transcribed (held audio + ``audio``).
+        """
+        held = self.held
+        if held.turns:
+            audio = np.concatenate([held.audio, audio])
+        with self.lock:
+            result = self.transcriber.transcribe(audio, long_form=bool(held.turns) and not held.continued)
+        return result, " ".join([*held.texts, result.text.strip()]).strip(), held, audio
+
+    def answered(self, held: HeldSpeech) -> None:
+        """The held speech ``held`` was answered: the next long utterance starts afresh."""
+        if self.held is held:
+            self.held = HeldSpeech()
+
+    def continue_with(self, turn: int, audio: np.ndarray) -> None:
+        """The user went on after ``turn``'s reply began: its speech is answered with the rest."""
+        gap = np.zeros(CONTINUATION_GAP_SAMPLES, np.float32)
+        self.held = HeldSpeech([turn], [], np.concatenate([audio, gap]), continued=True)
+
+    def hold(self, turn: int, audio: np.ndarray) -> None:
+        """Keep a turn cut for length; transcribe the held speech's clips that became final."""
+        held = self.held
+        held.turns.append(turn)
+        held.audio = np.concatenate([held.audio, audio])
+        while (end := first_clip_end(held.audio)) is not None:
+            with self.lock:
+                result = self.transcriber.transcribe(held.audio[:end], long_form=True)
+            if text := result.text.strip():
+                held.texts.append(text)
+            held.audio = held.audio[end:]
+        self.finished(turn)
+        pending_ms = 1000.0 * held.audio.size / SAMPLE_RATE_HZ
+        self.emit(TurnHeld(turn, time.monotonic_ns(), " ".join(held.texts), pending_ms))
+
+    def drop_held(self) -> list[int]:
+        """Forget the held speech (the microphone was lost mid-utterance); returns its turns."""
+        held, self.held = self.held, HeldSpeech()
+        return held.turns
+
+    def partial_transcript(self, turn: int, audio: np.ndarray) -> None:
+        """Transcribe the utterance in progress for the live display (``PartialTranscript``).
+
+        Skipped when the turn's own ASR holds the model: the final answer never waits for it
+        to start (at most for one partial already running).
+        """
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            result = self.transcriber.transcribe(audio, quick=True)
+        finally:
+            self.lock.release()
+        text = result.text.strip()
+        if text and turn not in self._transcribing:
+            audio_ms = 1000 * audio.size / SAMPLE_RATE_HZ
+            self.emit(PartialTranscript(turn, time.monotonic_ns(), text, audio_ms, result.asr_ms))
+
+    def transcribe_overlap(self, audio: np.ndarray) -> str:
+        """The words of speech over a reply (greedy: they only decide what the speech was).
+
+        Nothing when Whisper itself doubts there was speech (``no_speech_prob``): a hum or a
+        cough it would otherwise put words to.
+        """
+        with self.lock:
+            result = self.transcriber.transcribe(audio, quick=True)
+        return result.text.strip() if result.no_speech_prob < OVERLAP_NO_SPEECH else ""
