@@ -15,31 +15,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from assistant.events import BargeIn, MicLevel, ReplyPaused, SpeechEnded
+from assistant.events import MicLevel, SpeechEnded
 from assistant.stages.audio import AudioSink, Microphone, Speaker
 from assistant.stages.devices import DeviceLostError, DeviceWatch
 from assistant.stages.endpoint import TurnOptions
 from assistant.stages.vad import Endpointer
+from assistant.turns.carry_out import Carrier
 from assistant.turns.duplex import Duplex
-from assistant.turns.engine import (
-    Action,
-    Cancel,
-    Confirm,
-    ContinueTurn,
-    Discard,
-    Emit,
-    Judge,
-    MicBlock,
-    PauseReply,
-    ResumeReply,
-    Start,
-    StopSpeaker,
-    TurnEngine,
-    TurnRules,
-)
-from assistant.turns.engine import (
-    BargeIn as BargeInAction,
-)
+from assistant.turns.engine import Action, MicBlock, TurnEngine, TurnRules
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.runs import TurnRuns
 from assistant.turns.side_asr import SideTranscripts
@@ -110,6 +93,7 @@ class LiveLoop:
         self._next_id = 1  # without an endpointer, turn ids come from here
         self.capture_thread = threading.Thread(target=self._capture, name="capture")
         self.side = SideTranscripts(pipeline, self._overlap_heard)
+        self.carrier = Carrier(self.runs, speaker, self.side, pipeline.emit, self._started)
         watched = [d for d in (microphone, speaker) if isinstance(d, Microphone | Speaker)]
         self.watch = DeviceWatch(watched, pipeline.emit, lambda: self.current_turn)
 
@@ -205,46 +189,7 @@ class LiveLoop:
 
     def _apply(self, actions: list[Action]) -> None:
         """Carry out the engine's actions (floor lock held)."""
-        for action in actions:
-            if isinstance(action, Start):
-                self._start(action)
-            elif isinstance(action, Confirm):
-                self.runs[action.attempt].gate.confirm()
-            elif isinstance(action, Discard):
-                run = self.runs[action.attempt]
-                run.gate.discard(action.reason)  # nothing of this reply plays
-                run.cancel.set()
-            elif isinstance(action, Cancel):
-                self.runs[action.attempt].cancel.set()
-            elif isinstance(action, BargeInAction):
-                self.runs[action.attempt].cancel.set()
-                stopped_ns = action.paused_t_ns or time.monotonic_ns()
-                barge_in = BargeIn(action.turn_id, stopped_ns, action.onset_t_ns, self._latency_ms())
-                self.pipeline.emit(barge_in)
-            elif isinstance(action, PauseReply):
-                if self.speaker is not None:
-                    self.speaker.pause()
-                now, latency_ms = time.monotonic_ns(), self._latency_ms()
-                paused = ReplyPaused(action.turn_id, now, action.onset_t_ns, action.overlap_turn, latency_ms)
-                self.pipeline.emit(paused)
-            elif isinstance(action, ResumeReply):
-                if self.speaker is not None:
-                    self.speaker.resume()
-            elif isinstance(action, ContinueTurn):
-                run = self.runs[action.attempt]
-                run.gate.join_next(action.hold)  # its speech joins the next turn; its reply is dropped
-                run.cancel.set()
-            elif isinstance(action, Judge):
-                assert isinstance(action.audio, np.ndarray)
-                self.side.judge(action.turn_id, action.audio)
-            elif isinstance(action, StopSpeaker):
-                if self.speaker is not None:
-                    self.speaker.stop()
-            elif isinstance(action, Emit):
-                self.pipeline.emit(action.event)
-
-    def _latency_ms(self) -> float:
-        return self.speaker.output_latency_ms if self.speaker is not None else 0.0
+        self.carrier.apply(actions)
 
     def _claim_audio(self, attempt: int) -> bool:
         """The TTS thread asks before playing: the floor is the reply's unless the user took it."""
@@ -258,15 +203,12 @@ class LiveLoop:
 
     def _maybe_partial(self) -> None:
         """Hand the utterance in progress to the partial-transcript thread when it is due."""
-        ep = self.endpointer
-        if ep is None or not self.engine.rules.partials or self.side.partial_busy():
-            return
-        in_speech = bool(ep.turn_id and not ep.silence_chunks and ep.chunks)
-        audio_ms = 1000.0 * sum(c.size for c in ep.chunks) / 16000 if in_speech else 0.0
+        if self.endpointer is not None and self.engine.rules.partials:
+            self.side.offer_partial(self.endpointer, self._partial_due)
+
+    def _partial_due(self, audio_ms: float, in_speech: bool) -> bool:
         with self.floor:
-            due = self.engine.partial_due(audio_ms, in_speech)
-        if due:
-            self.side.partial(ep.turn_id, np.concatenate(ep.chunks))
+            return self.engine.partial_due(audio_ms, in_speech)
 
     def submit_text(self, text: str) -> int:
         """Answer a typed message after the turn in progress; returns its turn id."""
@@ -287,10 +229,8 @@ class LiveLoop:
             self._apply([self.engine.submit(turn, utterance)])
         return turn
 
-    def _start(self, start: Start) -> None:
-        """Run the turn on its own thread after the runs before it (floor lock held)."""
-        self.current_turn = start.turn_id
-        self.runs.start(start)
+    def _started(self, turn: int) -> None:
+        self.current_turn = turn
 
     def _ended(self, attempt: int) -> None:
         """A run's thread is done: it no longer holds the floor or the turn."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.pipeline import VoicePipeline
 
 
@@ -34,13 +35,18 @@ class SideTranscripts:
         if partials:
             self.partial_thread.start()
 
-    def partial_busy(self) -> bool:
-        """Whether a partial transcript is still waiting (the next one is not due then)."""
-        return self.partials.full()
+    def offer_partial(self, endpointer: Endpointer, due: Callable[[float, bool], bool]) -> None:
+        """Transcribe the utterance in progress for the display, when ``due(audio_ms, in_speech)``.
 
-    def partial(self, turn: int, audio: np.ndarray) -> None:
-        """Transcribe the utterance in progress for the display (never waits)."""
-        self.partials.put_nowait((turn, audio))
+        Never waits: nothing is offered while the last partial is still being transcribed.
+        """
+        if self.partials.full():
+            return
+        ep = endpointer
+        in_speech = bool(ep.turn_id and not ep.silence_chunks and ep.chunks)
+        audio_ms = 1000.0 * sum(c.size for c in ep.chunks) / SAMPLE_RATE_HZ if in_speech else 0.0
+        if due(audio_ms, in_speech):
+            self.partials.put_nowait((ep.turn_id, np.concatenate(ep.chunks)))
 
     def judge(self, turn: int, audio: np.ndarray) -> None:
         """Transcribe speech over a reply; its words go to ``heard``."""

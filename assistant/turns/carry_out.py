@@ -1,0 +1,99 @@
+"""The turn engine's actions carried out: runs, the speaker, the overlap judge, events.
+
+:class:`~assistant.turns.engine.TurnEngine` only decides; the live loop hands what it returns
+to :class:`Carrier` under the floor lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from assistant.events import BargeIn, Event, ReplyPaused
+from assistant.stages.audio import AudioSink
+from assistant.turns.engine import (
+    Action,
+    Cancel,
+    Confirm,
+    ContinueTurn,
+    Discard,
+    Emit,
+    Judge,
+    PauseReply,
+    ResumeReply,
+    Start,
+    StopSpeaker,
+)
+from assistant.turns.engine import (
+    BargeIn as BargeInAction,
+)
+from assistant.turns.runs import TurnRuns
+from assistant.turns.side_asr import SideTranscripts
+
+
+class Carrier:
+    """Carries out actions on the turn ``runs``, the ``speaker``, the ``side`` ASR threads and ``emit``.
+
+    ``started(turn_id)`` is told of each turn run started (the device watch names it).
+    """
+
+    def __init__(
+        self,
+        runs: TurnRuns,
+        speaker: AudioSink | None,
+        side: SideTranscripts,
+        emit: Callable[[Event], None],
+        started: Callable[[int], None],
+    ) -> None:
+        self.runs = runs
+        self.speaker = speaker
+        self.side = side
+        self.emit = emit
+        self.started = started
+
+    def apply(self, actions: list[Action]) -> None:
+        """Carry out ``actions`` in order (the caller holds the floor lock)."""
+        for action in actions:
+            if isinstance(action, Start):
+                self.started(action.turn_id)
+                self.runs.start(action)
+            elif isinstance(action, Confirm):
+                self.runs[action.attempt].gate.confirm()
+            elif isinstance(action, Discard):
+                run = self.runs[action.attempt]
+                run.gate.discard(action.reason)  # nothing of this reply plays
+                run.cancel.set()
+            elif isinstance(action, Cancel):
+                self.runs[action.attempt].cancel.set()
+            elif isinstance(action, BargeInAction):
+                self.runs[action.attempt].cancel.set()
+                stopped_ns = action.paused_t_ns or time.monotonic_ns()
+                self.emit(BargeIn(action.turn_id, stopped_ns, action.onset_t_ns, self.latency_ms()))
+            elif isinstance(action, PauseReply):
+                if self.speaker is not None:
+                    self.speaker.pause()
+                now, latency_ms = time.monotonic_ns(), self.latency_ms()
+                self.emit(
+                    ReplyPaused(action.turn_id, now, action.onset_t_ns, action.overlap_turn, latency_ms)
+                )
+            elif isinstance(action, ResumeReply):
+                if self.speaker is not None:
+                    self.speaker.resume()
+            elif isinstance(action, ContinueTurn):
+                run = self.runs[action.attempt]
+                run.gate.join_next(action.hold)  # its speech joins the next turn; its reply is dropped
+                run.cancel.set()
+            elif isinstance(action, Judge):
+                assert isinstance(action.audio, np.ndarray)
+                self.side.judge(action.turn_id, action.audio)
+            elif isinstance(action, StopSpeaker):
+                if self.speaker is not None:
+                    self.speaker.stop()
+            elif isinstance(action, Emit):
+                self.emit(action.event)
+
+    def latency_ms(self) -> float:
+        """The speaker's output latency: how long a pause or stop takes to be heard."""
+        return self.speaker.output_latency_ms if self.speaker is not None else 0.0
