@@ -1,15 +1,19 @@
-"""Time to the first spoken chunk with and without the first-chunk word cut, on the real LLM.
+"""Time to the first spoken chunk under several first-chunk word cuts, on the real LLM.
 
 Each question is asked once (a fresh conversation each, greedy, the bundled SmolLM2 on the
-chosen backend); its token stream is then split twice from the same token timestamps, with
-``first_chunk_words=0`` (sentence and first-clause cuts only) and with ``first_chunk_words=N``.
+chosen backend); its token stream is then split from the same token timestamps once per
+setting of ``--words``: ``0`` is the sentence and first-clause cuts only, ``N`` also cuts after
+N words (moving on to a word a phrase can end on: ``assistant.stages.splitter``).
 The time to the first chunk runs from prompt submitted (``GenerationStats.t_submit_ns``) to
 the ``t_ns`` of the token whose text completed that chunk (the reply's end when only the
 final flush produces it), which is what ``first_sentence_ms`` measures in the pipeline less
 the microseconds of splitting. A warm-up question is asked first and not counted. Prints a
 table and writes JSON.
 
-    python -m bench.first_chunk --json docs/results/bench-first-chunk-cpu.json
+    python -m bench.first_chunk --words 0,3,4,5 --json docs/results/bench-first-chunk-cpu.json
+
+``--speak DIR`` also writes each setting's first chunk and the rest of the first sentence as
+the default TTS speaks them, one WAV a question and setting, to listen to the seam.
 """
 
 from __future__ import annotations
@@ -62,6 +66,30 @@ def first_chunk(stream: list[tuple[int, str]], t_submit_ns: int, t_done_ns: int,
     return FirstChunk(out[0] if out else "", (t_done_ns - t_submit_ns) / 1e6, len(stream))
 
 
+def speak_seams(rows: list[dict[str, Any]], settings_words: list[int], folder: Path) -> None:
+    """Each setting's first chunk, then the rest of the first sentence, spoken as the pipeline
+    speaks them (two syntheses played back to back), one WAV per question and setting."""
+    import soundfile
+
+    from assistant.stages.tts import Synthesizer, TtsOptions
+
+    folder.mkdir(parents=True, exist_ok=True)
+    synth = Synthesizer(TtsOptions())
+    try:
+        for i, row in enumerate(rows):
+            sentence = SentenceSplitter(SplitterOptions(first_chunk_words=0))
+            whole = [*sentence.push(row["reply"]), *sentence.flush()]
+            first_sentence = whole[0] if whole else ""
+            for n in settings_words:
+                chunk = row["first_chunks"][str(n)]["chunk"]
+                rest = first_sentence[len(chunk) :].strip() if first_sentence.startswith(chunk) else ""
+                audio = [synth.synthesize(t) for t in (chunk, rest) if t]
+                samples = np.concatenate(audio) if audio else np.zeros(1, np.float32)
+                soundfile.write(folder / f"q{i:02d}-words{n}.wav", samples, synth.options.sample_rate_hz)
+    finally:
+        synth.close()
+
+
 def ask(dialogue: Dialogue, question: str) -> tuple[list[tuple[int, str]], int, int, str]:
     reply = dialogue.ask(question)
     stream = [(c.t_ns, c.text) for c in reply if c.token_id >= 0]
@@ -79,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="store name or folder")
     parser.add_argument("--backend", default="onnxruntime")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--words", type=int, default=5, help="first_chunk_words to compare with 0")
+    parser.add_argument("--words", default="0,5", help="first_chunk_words settings, comma-separated")
+    parser.add_argument("--speak", type=Path, help="write the first chunks, spoken, to this folder")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -101,14 +130,12 @@ def main(argv: list[str] | None = None) -> int:
 
     dialogue().warm_up()
     ask(dialogue(), WARM_UP)
+    settings_words = [int(w) for w in args.words.split(",")]
     rows: list[dict[str, Any]] = []
-    firsts: list[tuple[FirstChunk, FirstChunk]] = []
     for question in QUESTIONS:
         stream, t_submit_ns, t_done_ns, reply = ask(dialogue(), question)
-        off = first_chunk(stream, t_submit_ns, t_done_ns, 0)
-        on = first_chunk(stream, t_submit_ns, t_done_ns, args.words)
         steps_ms = np.diff([t for t, _ in stream]) / 1e6
-        firsts.append((off, on))
+        chunks = {n: first_chunk(stream, t_submit_ns, t_done_ns, n) for n in settings_words}
         rows.append(
             {
                 "question": question,
@@ -116,40 +143,34 @@ def main(argv: list[str] | None = None) -> int:
                 "tokens": len(stream),
                 "ttft_ms": (stream[0][0] - t_submit_ns) / 1e6 if stream else None,
                 "ms_per_token": float(np.median(steps_ms)) if steps_ms.size else None,
-                "off": off.as_json(),
-                "on": on.as_json(),
-                "saved_ms": off.ms - on.ms,
+                "first_chunks": {str(n): c.as_json() for n, c in chunks.items()},
             }
         )
-    n = args.words
-    summary = {
-        "first_chunk_ms_words_0": percentiles([off.ms for off, _ in firsts]),
-        f"first_chunk_ms_words_{n}": percentiles([on.ms for _, on in firsts]),
-        "saved_ms": percentiles([off.ms - on.ms for off, on in firsts]),
-        "words_in_first_chunk_words_0": percentiles([off.words for off, _ in firsts]),
-        f"words_in_first_chunk_words_{n}": percentiles([on.words for _, on in firsts]),
-        "ms_per_token": percentiles([r["ms_per_token"] for r in rows if r["ms_per_token"] is not None]),
+    summary: dict[str, Any] = {
+        f"words_{n}": {
+            "first_chunk_ms": percentiles([r["first_chunks"][str(n)]["ms"] for r in rows]),
+            "words": percentiles([r["first_chunks"][str(n)]["words"] for r in rows]),
+        }
+        for n in settings_words
     }
-    cut_by_words = sum(on.tokens < off.tokens for off, on in firsts)
+    summary["ms_per_token"] = percentiles([r["ms_per_token"] for r in rows if r["ms_per_token"] is not None])
     print(f"\nmodel {args.model}, backend {backend}, threads {args.threads}, {len(rows)} questions")
-    print(f"| question | words=0: ms | words | words={n}: ms | words | saved ms | first chunk (words={n}) |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for question, (off, on) in zip(QUESTIONS, firsts, strict=True):
+    print("| first_chunk_words | first chunk median (ms) | P95 (ms) | words median | words P95 |")
+    print("|---|---:|---:|---:|---:|")
+    for n in settings_words:
+        ms, words = summary[f"words_{n}"]["first_chunk_ms"], summary[f"words_{n}"]["words"]
+        label = f"{n}" if n else "0 (sentence or first clause)"
         print(
-            f"| {question} | {off.ms:.0f} | {off.words} | {on.ms:.0f} | {on.words} | "
-            f"{off.ms - on.ms:.0f} | {on.text} |"
+            f"| {label} | {ms['median']:.0f} | {ms['p95']:.0f} | {words['median']:.0f} | {words['p95']:.0f} |"
         )
-    for label, key in (("median", "median"), ("P95", "p95")):
+    print(f"\ndecode {summary['ms_per_token']['median']:.1f} ms/token (median); first chunks:")
+    for r in rows:
         print(
-            f"| **{label}** | {summary['first_chunk_ms_words_0'][key]:.0f} | "
-            f"{summary['words_in_first_chunk_words_0'][key]:.0f} | "
-            f"{summary[f'first_chunk_ms_words_{n}'][key]:.0f} | "
-            f"{summary[f'words_in_first_chunk_words_{n}'][key]:.0f} | {summary['saved_ms'][key]:.0f} | |"
+            f"- {r['question']}: "
+            + " | ".join(f"{n}: {r['first_chunks'][str(n)]['chunk']!r}" for n in settings_words)
         )
-    print(
-        f"\ncut by the word rule: {cut_by_words} of {len(rows)}; "
-        f"decode {summary['ms_per_token']['median']:.1f} ms/token (median)"
-    )
+    if args.speak:
+        speak_seams(rows, settings_words, args.speak)
     if args.json:
         out = {
             "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
@@ -162,10 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model,
             "backend": backend,
             "threads": args.threads,
-            "first_chunk_words": n,
+            "first_chunk_words": settings_words,
             "max_new_tokens": args.max_new_tokens,
             "summary": summary,
-            "cut_by_words": cut_by_words,
             "rows": rows,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,118 @@
+"""Stop requests over a playing reply: how often "Stop." and its kin stop it.
+
+The real app (``assistant run --no-tui``) on a private PulseAudio (``scripts/virtual-audio.sh``):
+a long question, then, 2.6 s into its reply (past the continuation window), a stop phrase
+into the microphone. A trial counts as **stopped** when the reply was stopped (``BargeIn`` on
+its turn) and no new turn was answered; **answered** when the phrase became a turn of its own
+that got a reply; **played on** otherwise. Two rooms: ``headset`` (the speaker does not reach
+the microphone) and ``speakers`` (the echo rig: ``--delay-ms``, ``--gain-db``, two reflections).
+Extra ``section.key=value`` settings go in as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``).
+Prints a markdown table and writes ``--json``:
+
+    python -m bench.stop_requests --trials 3 --json docs/results/stop-requests.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
+from bench.echo_rig import echo_path
+
+ROOT = Path(__file__).resolve().parents[1]
+PHRASES = ["Stop.", "Stop talking.", "Please stop.", "Wait."]
+AFTER_WINDOW_S = 2.6
+
+
+def trial(app: LiveApp, question: Path, phrase: Path) -> str:
+    """One long question and a stop phrase over its reply: stopped, answered or played on."""
+    mark = len(app.events())
+    app.say(question)
+    turn = next_turn(app, mark, timeout_s=60)
+    reply_playing(app, turn, mark, timeout_s=60)
+    time.sleep(AFTER_WINDOW_S)
+    app.say(phrase)
+    settle(app, timeout_s=60)
+    events = app.events()[mark:]
+    stopped = any(e["event"] == "BargeIn" and e["turn_id"] == turn for e in events)
+    answered = any(e["event"] == "SentenceReady" and e["turn_id"] > turn for e in events)
+    return "answered" if answered else "stopped" if stopped else "played on"
+
+
+def room(env: dict, folder: Path, trials: int, settings: dict[str, str]) -> dict[str, list[str]]:
+    question = utterance(folder, "Tell me about the history of Paris.", "question")
+    phrases = {p: utterance(folder, p, f"phrase{i}") for i, p in enumerate(PHRASES)}
+    app = LiveApp({**env, **settings}, folder, "--max-new-tokens", "60", "--temperature", "0")
+    outcomes: dict[str, list[str]] = {p: [] for p in PHRASES}
+    try:
+        app.wait_line("listening on", 300)
+        for _ in range(trials):
+            for text, wav in phrases.items():
+                try:
+                    outcomes[text].append(trial(app, question, wav))
+                except AssertionError as e:
+                    outcomes[text].append(f"failed: {str(e)[:80]}")
+    finally:
+        app.stop()
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=3, help="trials of each phrase in each room")
+    parser.add_argument("--delay-ms", type=int, default=60)
+    parser.add_argument("--gain-db", type=float, default=-13)
+    parser.add_argument("--rooms", default="headset,speakers")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    settings = {}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        settings["ASSISTANT_" + key.replace(".", "_").upper()] = value
+    runtime = tempfile.mkdtemp(prefix="stop-pulse-")
+    script = str(ROOT / "scripts" / "virtual-audio.sh")
+    runtime_env = {**os.environ, "VIRTUAL_AUDIO_RUNTIME": runtime}
+    started = subprocess.run([script, "start"], env=runtime_env, capture_output=True, text=True)
+    env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
+    env = {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
+    results: dict[str, dict[str, list[str]]] = {}
+    try:
+        for name in args.rooms.split(","):
+            print(f"{name}: {args.trials} trials of {len(PHRASES)} phrases", file=sys.stderr)
+            rig = echo_path(env, args.delay_ms, args.gain_db, 2) if name == "speakers" else nullcontext()
+            with rig:
+                results[name] = room(
+                    env, Path(tempfile.mkdtemp(prefix=f"stop-{name}-")), args.trials, settings
+                )
+    finally:
+        subprocess.run([script, "stop"], env=runtime_env, capture_output=True)
+    print("| phrase | " + " | ".join(f"{r}: stopped / answered / played on" for r in results) + " |")
+    print("|---|" + "---:|" * len(results))
+    for phrase in PHRASES:
+        cells = []
+        for outcomes in results.values():
+            got = outcomes[phrase]
+            cells.append(" / ".join(str(got.count(k)) for k in ("stopped", "answered", "played on")))
+        print(f"| {phrase} | " + " | ".join(cells) + " |")
+    if args.json:
+        meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
+        args.json.write_text(
+            json.dumps(
+                {"meta": meta, "args": vars(args) | {"json": str(args.json)}, "results": results}, indent=1
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
