@@ -31,6 +31,18 @@ def transcribe(whisper, audio) -> str:
     return " ".join(s.text for s in segments)
 
 
+_STARTED: list[subprocess.Popen] = []  # every Live app, so that a failed test leaves none running
+
+
+def kill_leftover_apps() -> None:
+    """Kill the Live apps a test left running (it failed before stopping them)."""
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 class Live:
     """``assistant run --no-tui`` on the virtual devices, with its stdout read line by line.
 
@@ -43,6 +55,7 @@ class Live:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
         )
+        _STARTED.append(self.proc)
         self.lines: list[str] = []
         self._pending: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)

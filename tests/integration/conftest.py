@@ -13,6 +13,15 @@ from assistant.events import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_app_left_running():
+    """An app a test started with ``tests.helpers.voice.Live`` is killed when the test ends."""
+    from tests.helpers.voice import kill_leftover_apps
+
+    yield
+    kill_leftover_apps()
+
+
 @pytest.fixture(scope="module")
 def live_session(pulse, store):
     """One session (devices, LLM, ASR, TTS, Smart Turn) on the virtual PulseAudio."""
