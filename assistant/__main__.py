@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,8 +74,23 @@ def _tui(args: argparse.Namespace, settings: Settings, audio: np.ndarray | None 
     )
 
 
+_signalled: list[int] = []  # the stop signals received, in case their SystemExit was swallowed
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
+    """Unwind the main thread with ``SystemExit(128 + signum)``.
+
+    Raised inside a finalizer (``__del__``, a weakref callback), the exception is printed as
+    "Exception ignored" and dropped; :func:`main` then still returns the signal's status.
+    """
+    _signalled.append(signum)
     raise SystemExit(128 + signum)
+
+
+def _quiet_swallowed_exit(unraisable: Any) -> None:
+    """``sys.unraisablehook``: our own swallowed ``SystemExit`` is no traceback for the user."""
+    if not (isinstance(unraisable.exc_value, SystemExit) and _signalled):
+        sys.__unraisablehook__(unraisable)
 
 
 # SIGHUP (the terminal was closed) ends a command as SIGTERM does, with its clean-up; it used to
@@ -101,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
             for s in STOP_SIGNALS
             if signal.getsignal(s) is not signal.SIG_IGN
         }
+        _signalled.clear()
+        sys.unraisablehook = _quiet_swallowed_exit
         try:
-            return _main(argv)
+            status = _main(argv)
         finally:
+            sys.unraisablehook = sys.__unraisablehook__
             for s, handler in previous.items():
                 if handler is not None:
                     signal.signal(s, handler)
+        return 128 + _signalled[0] if _signalled else status
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         return 130
