@@ -97,7 +97,7 @@ class Duplex:
         self.probe_until_ns = _now() + ahead_ns + PROBE_TAIL_NS
 
     def start(self, emit: Callable[[Event], None]) -> None:
-        """Report the mode to ``emit`` (and on), and play the probe if it was not played yet.
+        """Report the mode to ``emit``, play the probe if not yet played, wait until it has passed.
 
         The microphone's blocks queued while the models loaded (the probe's echo among them)
         go through the canceller first, and are dropped: they are not the user's turn.
@@ -107,12 +107,15 @@ class Duplex:
             emit(EchoState(0, _now(), False, f"half duplex: {self.reason}"))
             return
         emit(EchoState(0, _now(), False, "half duplex until echo cancellation converges"))
+        self.play_probe()
         if self.microphone is not None and self.probe_until_ns:
+            # The models may have loaded before the probe's echo ended: "listening" comes after
+            # it, so that nothing the user says then falls under the probe's gate.
+            _sleep_ns(self.probe_until_ns - _now())
             with contextlib.suppress(DeviceLostError):  # the capture thread reports it
                 while (block := self.microphone.read(0)) is not None:
                     self.clean(*block)
             self._erles = []  # the probe's: not a reply's
-        self.play_probe()
 
     def probing(self, now_ns: int) -> bool:
         """Whether the microphone may still hear the start-up probe (so it is not listened to)."""
@@ -193,3 +196,8 @@ def _nowhere(_event: Event) -> None:
 
 def _now() -> int:
     return time.monotonic_ns()
+
+
+def _sleep_ns(ns: int) -> None:
+    if ns > 0:
+        time.sleep(ns / 1e9)

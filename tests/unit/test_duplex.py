@@ -80,7 +80,10 @@ def canceller() -> EchoCanceller:
     return EchoCanceller(options, load_processor(options))
 
 
-def test_the_probe_converges_the_canceller_before_listening_and_says_full_duplex() -> None:
+def test_the_probe_converges_the_canceller_before_listening_and_says_full_duplex(monkeypatch) -> None:
+    import assistant.turns.duplex as duplex_module
+
+    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda _ns: None)  # its echo is captured already
     speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
     duplex = Duplex(canceller(), "on", speaker, mic, probe=True)  # type: ignore[arg-type]
     duplex.play_probe()
@@ -128,3 +131,34 @@ def test_while_the_probe_may_be_heard_the_microphone_is_not_the_users() -> None:
     duplex.play_probe()
     until = duplex.probe_until_ns
     assert duplex.probing(until - 1) and not duplex.probing(until)
+
+
+def test_start_returns_once_the_probe_can_no_longer_be_heard(monkeypatch) -> None:
+    """Listening is announced after ``start()``: speech then must not fall under the probe's gate.
+
+    The models can load faster than the probe plays (a warm cache; the UI's tests): the question
+    spoken at "listening" lost its first words ("What is the capital of France?" came out as
+    "Love friends.").
+    """
+    import assistant.turns.duplex as duplex_module
+
+    clock = {"now": 10**12}
+    monkeypatch.setattr(duplex_module, "_now", lambda: clock["now"])
+    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: clock.__setitem__("now", clock["now"] + ns))
+    speaker, mic = ScriptedSpeaker(output_latency_ms=50), ScriptedMicrophone()
+    duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
+    duplex.play_probe()
+    duplex.start(lambda _event: None)
+    assert not duplex.probing(clock["now"])
+
+
+def test_start_plays_the_probe_itself_when_it_was_not_played_and_waits_for_it(monkeypatch) -> None:
+    import assistant.turns.duplex as duplex_module
+
+    clock = {"now": 10**12}
+    monkeypatch.setattr(duplex_module, "_now", lambda: clock["now"])
+    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: clock.__setitem__("now", clock["now"] + ns))
+    speaker, mic = ScriptedSpeaker(), ScriptedMicrophone()
+    duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
+    duplex.start(lambda _event: None)
+    assert len(speaker.played) == 1 and mic.starts == 1 and not duplex.probing(clock["now"])
