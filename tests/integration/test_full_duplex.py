@@ -158,7 +158,7 @@ def test_a_cough_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
 
 def test_stop_stops_the_reply_and_is_not_answered(spoken: Spoken) -> None:
     heard = spoken.of("OverlapHeard", "stop")[-1]
-    assert heard["verdict"] == "stop", heard
+    assert heard["verdict"] == "stop", (heard["text"], heard["verdict"], spoken.stderr[-1500:])
     assert spoken.of("BargeIn", "stop")
     assert spoken.app.records()[spoken.turns["stop"]]["cancelled"] == "interrupted"
     assert heard["overlap_turn"] not in spoken.app.records()
