@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     import assistant.stages.asr_torch as asr_torch
+    import assistant.stages.whisper_search as whisper_search
     from assistant.stages.asr import AsrOptions
     from store.bundled import ModelStore
 
@@ -63,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         encoded = asr.model.model.encoder(asr.log_mel(audio)).last_hidden_state
         sync()
         for label, beam, n in [("greedy24", 1, 24)] * 3 + [("beam24", 5, 24)] * 2 + [("greedy48", 1, 48)] * 2:
-            asr_torch.MAX_TOKENS = len(asr.prompt) + n + 1
+            whisper_search.MAX_TOKENS = len(asr.search.prompt) + n + 1
             t0 = time.monotonic_ns()
-            tokens, _ = asr.greedy(encoded, n) if beam == 1 else asr.beam(encoded, beam, n)
+            tokens, _ = asr.search.greedy(encoded, n) if beam == 1 else asr.search.beam(encoded, beam, n)
             sync()
             calls.append({"call": label, "ms": (time.monotonic_ns() - t0) / 1e6, "tokens": len(tokens)})
     row = {

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             features = asr.log_mel(audio)
             full = asr.model.model.encoder(features).last_hidden_state
             short = trimmed_encoder(asr, features, frames)
-            tokens, _ = asr.greedy(full)
-            short_tokens, _ = asr.greedy(short)
+            tokens, _ = asr.search.greedy(full)
+            short_tokens, _ = asr.search.greedy(short)
             row: dict[str, Any] = {
                 "wav": Path(wav).name,
                 "audio_s": audio.size / 16000,
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 "log_mel_ms": timed(lambda: asr.log_mel(audio), args.runs, sync),  # noqa: B023
                 "encoder_30s_ms": timed(lambda: asr.model.model.encoder(features), args.runs, sync),  # noqa: B023
                 "encoder_trimmed_ms": timed(lambda: trimmed_encoder(asr, features, frames), args.runs, sync),  # noqa: B023
-                "decode_ms": timed(lambda: asr.greedy(full), args.runs, sync),  # noqa: B023
+                "decode_ms": timed(lambda: asr.search.greedy(full), args.runs, sync),  # noqa: B023
             }
         row["decode_ms_per_token"] = row["decode_ms"]["p50"] / (len(tokens) + 1)  # + the end token
         rows.append(row)

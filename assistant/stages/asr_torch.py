@@ -14,7 +14,6 @@ computed on the device too. :func:`open_transcriber` picks the backend.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -35,6 +34,7 @@ from assistant.stages.asr import (
     quiet_clips,
 )
 from assistant.stages.audio import SAMPLE_RATE_HZ
+from assistant.stages.whisper_search import WhisperSearch
 from engines.selection import nvidia_driver_present
 from store.bundled import BUNDLED, ModelStore
 from store.whisper_weights import WhisperConvertError, converted_folder
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 N_FFT, HOP = 400, 160  # Whisper's 25 ms window, 10 ms hop at 16 kHz
 WINDOW_FRAMES = WINDOW_S * SAMPLE_RATE_HZ // HOP  # 3000 mel frames in the 30 s window
-MAX_TOKENS = 224  # faster-whisper's limit: half of Whisper's 448 positions
 BACKENDS = ("auto", "ctranslate2", "torch")
 WARM_TOKENS = 24  # warm-up decodes at least this many tokens: a spoken question's length
 
@@ -160,34 +159,9 @@ class TorchTranscriber:
         self.device = device
         self.compute_type = dtype_name
         self.description = f"{Path(options.model).name} torch {device} {dtype_name}"
-        self._setup_tokens(model.config)
+        self.search = WhisperSearch(self.model, self.tokenizer, device, options.language)
         self._setup_features(int(model.config.num_mel_bins))
-        params = inspect.signature(self.model.model.decoder.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.2x
         logger.info("loaded ASR %s from %s", self.description, folder)
-
-    def _setup_tokens(self, config: Any) -> None:
-        import torch
-
-        def token(text: str) -> int:
-            found = self.tokenizer.token_to_id(text)
-            if found is None:
-                raise AsrLoadError(f"the Whisper tokenizer has no {text} token")
-            return int(found)
-
-        self.eot = token("<|endoftext|>")
-        prompt = [token("<|startoftranscript|>")]
-        if config.vocab_size >= 51865:  # multilingual: language and task tokens
-            prompt += [token(f"<|{self.options.language or 'en'}|>"), token("<|transcribe|>")]
-        self.prompt = prompt + [token("<|notimestamps|>")]
-        no_speech = self.tokenizer.token_to_id("<|nospeech|>") or self.tokenizer.token_to_id("<|nocaptions|>")
-        self.no_speech = int(no_speech) if no_speech is not None else None
-        vocab = int(config.vocab_size)
-        mask = torch.zeros(vocab, dtype=torch.bool)
-        mask[self.eot + 1 :] = True  # every special token after end-of-text, timestamps included
-        mask[[i for i in (config.suppress_tokens or []) if 0 <= i < vocab]] = True
-        self.suppress = mask.to(self.device)
-        self.suppress_begin = [i for i in (config.begin_suppress_tokens or []) if 0 <= i < vocab]
 
     def _setup_features(self, n_mels: int) -> None:
         import torch
@@ -218,105 +192,11 @@ class TorchTranscriber:
         mel = torch.maximum(mel, mel.max() - 8.0)
         return ((mel + 4.0) / 4.0)[None].to(self.dtype)
 
-    def decode(self, features: Any, beam_size: int = 1, min_tokens: int = 0) -> tuple[list[int], float]:
-        """Text tokens for one window of features, and the no-speech probability.
-
-        ``min_tokens`` forbids the end token before that many (warm-up: a real length).
-        """
-        encoded = self.model.model.encoder(features).last_hidden_state
-        if beam_size <= 1:
-            return self.greedy(encoded, min_tokens)
-        return self.beam(encoded, beam_size, min_tokens)
-
-    def _step(self, ids: Any, encoded: Any, cache: Any, step: int, min_tokens: int = 0) -> tuple[Any, float]:
-        """Suppressed float logits of each row's last position (and the no-speech probability)."""
-        import torch
-
-        model = self.model
-        kwargs = {self._cache_arg: cache}
-        hidden = model.model.decoder(input_ids=ids, encoder_hidden_states=encoded, use_cache=True, **kwargs)
-        hidden = hidden.last_hidden_state
-        no_speech = 0.0
-        if step == 0 and self.no_speech is not None:  # after start-of-transcript, as Whisper does
-            no_speech = float(model.proj_out(hidden[0, 0]).float().softmax(-1)[self.no_speech])
-        logits = model.proj_out(hidden[:, -1]).float().masked_fill(self.suppress, -torch.inf)
-        if step == 0:
-            logits[:, self.suppress_begin] = -torch.inf
-        if step < min_tokens:
-            logits[:, self.eot] = -torch.inf
-        return logits, no_speech
-
-    def beam(self, encoded: Any, beam_size: int, min_tokens: int = 0) -> tuple[list[int], float]:
-        """Beam search as openai-whisper's (patience 1), and the no-speech probability.
-
-        Returns the finished hypothesis of the best mean log-probability per token once
-        ``beam_size`` have finished (or the best alive one at the token limit).
-        """
-        import torch
-        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        prompt = torch.tensor([self.prompt], device=self.device)
-        logits, no_speech = self._step(prompt, encoded, cache, 0, min_tokens)
-        cache.batch_repeat_interleave(beam_size)
-        encoded = encoded.expand(beam_size, -1, -1)
-        alive: list[tuple[list[int], float]] = [([], 0.0)]  # one row until the first split
-        finished: list[tuple[list[int], float]] = []
-        for step in range(MAX_TOKENS - len(self.prompt)):
-            logprobs = logits[: len(alive)].log_softmax(-1)
-            top = logprobs.topk(beam_size + 1, dim=-1)
-            candidates = sorted(
-                (
-                    (alive[row][1] + float(lp), row, int(tok))
-                    for row in range(len(alive))
-                    for lp, tok in zip(top.values[row].tolist(), top.indices[row].tolist(), strict=True)
-                ),
-                reverse=True,
-            )
-            nxt: list[tuple[list[int], float]] = []
-            rows: list[int] = []
-            for score, row, tok in candidates:
-                if tok == self.eot:
-                    if len(finished) < beam_size:
-                        finished.append((alive[row][0], score))
-                elif len(nxt) < beam_size:
-                    nxt.append((alive[row][0] + [tok], score))
-                    rows.append(row)
-            if len(finished) >= beam_size or step == MAX_TOKENS - len(self.prompt) - 1:
-                break
-            alive = nxt
-            order: Any = torch.tensor(rows + [rows[0]] * (beam_size - len(rows)), device=self.device)
-            cache.reorder_cache(order)
-            ids = torch.tensor([[seq[-1]] for seq, _ in alive], device=self.device)
-            logits, _ = self._step(ids, encoded[: len(ids)], cache, step + 1, min_tokens)
-        pool = finished or alive
-        best = max(pool, key=lambda h: h[1] / max(len(h[0]) + 1, 1))  # + 1: the end token's
-        return best[0], no_speech
-
-    def greedy(self, encoded: Any, min_tokens: int = 0) -> tuple[list[int], float]:
-        """Greedy text tokens after the encoder's output ``encoded``, and the no-speech probability."""
-        import torch
-        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        ids = torch.tensor([self.prompt], device=self.device)
-        tokens: list[int] = []
-        no_speech = 0.0
-        for step in range(MAX_TOKENS - len(self.prompt)):
-            logits, doubt = self._step(ids, encoded, cache, step, min_tokens)
-            no_speech = doubt if step == 0 else no_speech
-            token = int(logits[0].argmax())
-            if token == self.eot:
-                break
-            tokens.append(token)
-            ids = torch.tensor([[token]], device=self.device)
-        return tokens, no_speech
-
     def _window(self, samples: np.ndarray, beam_size: int = 1, min_tokens: int = 0) -> tuple[str, float]:
         import torch
 
         with torch.inference_mode():
-            tokens, no_speech = self.decode(self.log_mel(samples), beam_size, min_tokens)
+            tokens, no_speech = self.search.decode(self.log_mel(samples), beam_size, min_tokens)
         return self.tokenizer.decode(tokens).strip(), no_speech
 
     def warm_up(self) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import assistant.stages.asr_torch as asr_torch
+import assistant.stages.whisper_search as whisper_search
 from assistant.config import ConfigError, load_settings
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.asr_torch import TorchTranscriber, choose_backend, open_transcriber
@@ -101,24 +102,24 @@ def test_decode_loop_equals_transformers_full_forward(tmp_path: Path, store: Mod
     )  # fmt: skip
     WhisperForConditionalGeneration(config).save_pretrained(tmp_path)
     (tmp_path / "tokenizer.json").symlink_to(store.path(TINY) / "tokenizer.json")
-    monkeypatch.setattr(asr_torch, "MAX_TOKENS", 26)
+    monkeypatch.setattr(whisper_search, "MAX_TOKENS", 26)
     asr = TorchTranscriber(
         AsrOptions(model=str(tmp_path), device="cpu", backend="torch"), ModelStore(tmp_path)
     )
     features = asr.log_mel(np.random.default_rng(2).standard_normal(16000).astype(np.float32) * 0.1)
     with torch.inference_mode():
-        tokens, _ = asr.decode(features)
+        tokens, _ = asr.search.decode(features)
         encoded = asr.model.model.encoder(features)
-        ids = list(asr.prompt)
+        ids = list(asr.search.prompt)
         for step in range(len(tokens)):
             logits = asr.model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([ids])).logits[0, -1]
-            logits = logits.masked_fill(asr.suppress, -torch.inf)
+            logits = logits.masked_fill(asr.search.suppress, -torch.inf)
             if step == 0:
-                logits[asr.suppress_begin] = -torch.inf
+                logits[asr.search.suppress_begin] = -torch.inf
             ids.append(int(logits.argmax()))
-    assert len(tokens) == 26 - len(asr.prompt)  # a random model rarely ends: the cap stops it
+    assert len(tokens) == 26 - len(asr.search.prompt)  # a random model rarely ends: the cap stops it
     assert len(set(tokens)) > 5  # varied tokens, so a broken cache would show
-    assert tokens == ids[len(asr.prompt) :]
+    assert tokens == ids[len(asr.search.prompt) :]
 
 
 def test_choice_of_backend(monkeypatch) -> None:
