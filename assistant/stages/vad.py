@@ -115,6 +115,23 @@ class SileroStream:
         return float(prob.reshape(-1)[0])
 
 
+def quiet_cut(chunks: list[np.ndarray], search_ms: float) -> int:
+    """How many chunks to keep: through the quietest one among the last ``search_ms``.
+
+    Quietness is the mean energy of a chunk and its neighbours, so the pause between two
+    words wins over the short closure before a "t" or "k"; the newest chunk cannot be a
+    candidate (no neighbour after it), so with no search window the cut is at the limit.
+    """
+    n = len(chunks)
+    search = min(round(search_ms / CHUNK_MS), n - 2)
+    if search < 1:
+        return n
+    lo = n - 2 - search  # candidates lo+1 .. n-2, each with a neighbour on both sides
+    energy = [float(np.mean(np.square(c, dtype=np.float64))) for c in chunks[lo:]]
+    quiet = np.convolve(energy, np.ones(QUIET_SPAN_CHUNKS), "valid")  # quiet[j]: chunk lo+j+1
+    return lo + int(np.argmin(quiet)) + 2  # keep through the quietest chunk
+
+
 class Endpointer:
     """Turns a stream of 16 kHz samples into speech events.
 
@@ -275,7 +292,7 @@ class Endpointer:
 
     def _cut(self, t_end_ns: int, events: list[Event]) -> None:
         """End the utterance at its quietest recent chunk; the rest opens the next turn at once."""
-        keep = self._quiet_cut()
+        keep = quiet_cut(self.chunks, self.options.cut_search_ms)
         rest, rest_flags = self.chunks[keep:], self.flags[keep:]
         cut_t_ns = t_end_ns - len(rest) * CHUNK_NS  # when the last kept sample was captured
         turn = self.turn_id
@@ -298,22 +315,6 @@ class Endpointer:
         self.silence_chunks = silence
         self.onset_t_ns, self.last_speech_t_ns = cut_t_ns, last_speech_t_ns
         self.turn_id = self._start_turn(cut_t_ns, events)
-
-    def _quiet_cut(self) -> int:
-        """How many chunks to keep: through the quietest one among the last ``cut_search_ms``.
-
-        Quietness is the mean energy of a chunk and its neighbours, so the pause between two
-        words wins over the short closure before a "t" or "k"; the newest chunk cannot be a
-        candidate (no neighbour after it), so with no search window the cut is at the limit.
-        """
-        n = len(self.chunks)
-        search = min(round(self.options.cut_search_ms / CHUNK_MS), n - 2)
-        if search < 1:
-            return n
-        lo = n - 2 - search  # candidates lo+1 .. n-2, each with a neighbour on both sides
-        energy = [float(np.mean(np.square(c, dtype=np.float64))) for c in self.chunks[lo:]]
-        quiet = np.convolve(energy, np.ones(QUIET_SPAN_CHUNKS), "valid")  # quiet[j]: chunk lo+j+1
-        return lo + int(np.argmin(quiet)) + 2  # keep through the quietest chunk
 
     def _decide(self, t_end_ns: int, events: list[Event]) -> bool:
         """Whether the silence under way ends the utterance (pausing and asking the policy)."""
