@@ -45,6 +45,7 @@ CONFIGS = {  # name -> 'assistant run' flags
     "today": "--turn-detection off --no-speculation --partials off --first-chunk-words 0".split(),
     "new": [],  # partials auto: off on 2 cores
     "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
+    "new-3words": ["--first-chunk-words", "3"],  # the first chunk at 3 words instead of 5
     "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }
 PAUSE_S, LEAD_S = 0.7, 0.3  # the mid-sentence gap; the silence before and after each question
