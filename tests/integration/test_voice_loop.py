@@ -53,17 +53,25 @@ def whisper(store):
 
 
 @pytest.fixture(scope="module")
+def paris_wav(tmp_path_factory):
+    """A question tiny.en hears the same on the fitted window and the full one, however much
+    silence leads it: live, the lead-in varies, and on the fitted window "What is the capital of
+    France?" came out as "... capital and friends?" in 5 of 15 lead-ins (docs/benchmarks.md)."""
+    folder = tmp_path_factory.mktemp("paris")
+    speak("Tell me about the history of Paris.", folder, "question")
+    return folder / "question.wav"
+
+
+@pytest.fixture(scope="module")
 def question_wav(tmp_path_factory):
     folder = tmp_path_factory.mktemp("q")
     speak("What is the capital of France?", folder, "question")
     return folder / "question.wav"
 
 
-def check_record(rec: dict) -> None:
-    # tiny.en's word, not the loop's: live, it has written "What is the capital and France?"
-    # (bench.asr_window measures its word error rate on 107 utterances).
-    words = re.sub(r"[^a-z ]", "", rec["transcript"].lower()).split()
-    assert "capital" in words and "france" in words, rec["transcript"]
+def check_record(rec: dict, words: tuple[str, ...] = ("capital", "france")) -> None:
+    heard = re.sub(r"[^a-z ]", "", rec["transcript"].lower()).split()
+    assert all(w in heard for w in words), rec["transcript"]
     assert "Paris" in rec["reply"]
     stamps = [rec["timestamps_ns"][k] for k in ORDER]
     assert stamps == sorted(stamps), rec["timestamps_ns"]
@@ -151,7 +159,7 @@ def speech_part(audio, pad_s: float = 0.2):
 
 
 def test_live_turn_through_virtual_mic_and_speaker_then_sigint_during_playback_exits_cleanly(
-    pulse, question_wav, tmp_path, whisper
+    pulse, paris_wav, tmp_path, whisper
 ):
     """The spoken question goes in through the virtual mic; the reply is recorded off the speaker.
 
@@ -162,7 +170,7 @@ def test_live_turn_through_virtual_mic_and_speaker_then_sigint_during_playback_e
     """
     log = tmp_path / "turns.jsonl"
     recording = tmp_path / "speaker.wav"
-    live = Live(pulse, log)
+    live = Live(pulse, log, "--max-new-tokens", "30", "--temperature", "0")
     live.wait_for("listening on")
     env = {**os.environ, **pulse}
     recorder = subprocess.Popen(
@@ -177,13 +185,13 @@ def test_live_turn_through_virtual_mic_and_speaker_then_sigint_during_playback_e
         ],
         env=env,
     )
-    subprocess.run(["paplay", "--device=micfeed", str(question_wav)], env=env, check=True)
+    subprocess.run(["paplay", "--device=micfeed", str(paris_wav)], env=env, check=True)
     live.wait_for(r"turn 1 \| voice-to-voice")
     time.sleep(1.0)
     recorder.send_signal(signal.SIGINT)
     recorder.wait(10)
     (line,) = log.read_text().splitlines()
-    check_record(json.loads(line))
+    check_record(json.loads(line), ("history", "paris"))
     heard = transcribe(whisper, speech_part(read_wav(recording)))
     # Most of the reply's words come back off the speaker (espeak-ng through tiny.en: not all;
     # "Le Grand Paris" came back as "The round part is").
@@ -191,7 +199,7 @@ def test_live_turn_through_virtual_mic_and_speaker_then_sigint_during_playback_e
     assert len(words & set(re.findall(r"[a-z]{4,}", heard.lower()))) >= len(words) / 2, (heard, line)
 
     # SIGINT during playback exits cleanly.
-    subprocess.run(["paplay", "--device=micfeed", str(question_wav)], env=env, check=True)
+    subprocess.run(["paplay", "--device=micfeed", str(paris_wav)], env=env, check=True)
     live.wait_for(r"\[turn 2\] assistant:")  # the reply's first sentence is playing now
     live.proc.send_signal(signal.SIGINT)
     assert live.proc.wait(30) == 0
