@@ -118,14 +118,6 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _rotate(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
-    """RoPE of a head given as halves: ``x * cos + rotate_half(x) * sin``, rounded to ``dtype``."""
-    r1 = (x1 * c1 - x2 * s1).to(dtype)
-    r2 = (x2 * c2 + x1 * s2).to(dtype)
-    return r1, r2
-
-
-@triton.jit
 def _attention_kernel(
     qkv_ptr,
     cos_ptr,
@@ -151,7 +143,7 @@ def _attention_kernel(
     split = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
     dtype = k_ptr.dtype.element_ty
-    pos = tl.load(pos_ptr)
+    pos = tl.load(pos_ptr).to(tl.int32)
     g = tl.arange(0, GROUP_PAD)
     g_mask = g < GROUP
     heads = kv * GROUP + g  # query head kv*GROUP+i uses KV head kv
@@ -163,9 +155,9 @@ def _attention_kernel(
     q_at = qkv_ptr + heads[:, None] * HEAD_DIM + d[None, :]
     q1 = tl.load(q_at, mask=g_mask[:, None], other=0.0).to(tl.float32)
     q2 = tl.load(q_at + half, mask=g_mask[:, None], other=0.0).to(tl.float32)
-    r1, r2 = _rotate(q1, q2, c1[None, :], c2[None, :], s1[None, :], s2[None, :], dtype)
-    r1 = (r1.to(tl.float32) * scale).to(dtype)  # the eager model scales the rotated queries
-    r2 = (r2.to(tl.float32) * scale).to(dtype)
+    # RoPE (x * cos + rotate_half(x) * sin on the halves), then the scale, as the eager model
+    r1 = ((q1 * c1[None, :] - q2 * s1[None, :]).to(dtype).to(tl.float32) * scale).to(dtype)
+    r2 = ((q2 * c2[None, :] + q1 * s2[None, :]).to(dtype).to(tl.float32) * scale).to(dtype)
     k_base = k_ptr + kv * cache_slots * HEAD_DIM
     v_base = v_ptr + kv * cache_slots * HEAD_DIM
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -202,9 +194,10 @@ def _attention_kernel(
     if split == 0:  # this step's own key and value: from the projection, then into the cache
         k_at = qkv_ptr + (HEADS + kv) * HEAD_DIM + d
         v_at = qkv_ptr + (HEADS + KV_HEADS + kv) * HEAD_DIM + d
-        kn1, kn2 = _rotate(
-            tl.load(k_at).to(tl.float32), tl.load(k_at + half).to(tl.float32), c1, c2, s1, s2, dtype
-        )
+        k1_new = tl.load(k_at).to(tl.float32)
+        k2_new = tl.load(k_at + half).to(tl.float32)
+        kn1 = (k1_new * c1 - k2_new * s1).to(dtype)
+        kn2 = (k2_new * c2 + k1_new * s2).to(dtype)
         vn1 = tl.load(v_at)
         vn2 = tl.load(v_at + half)
         tl.store(k_base + pos * HEAD_DIM + d, kn1)

@@ -96,8 +96,9 @@ def test_triton_kernels_match_eager_logits_interpreted(tmp_path):
             assert int(got.argmax()) == int(expected[p].argmax())
 
 
-def test_graph_step_decodes_with_kernels_like_without(tmp_path):
+def test_graph_step_decodes_with_kernels_like_without(tmp_path, monkeypatch):
     """CudaGraphStep(decode_kernels) without capture: the same greedy tokens and logits."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the torch operations: seconds, not minutes
     tiny(tmp_path)  # writes the folder
     options = GraphOptions((4, 16), (64,), capture=False)
     plain = CudaGraphStep(load_decoder(tmp_path), 128, options)
