@@ -222,6 +222,17 @@ def _attention_kernel(
     tl.store(acc_at + half, acc2, mask=g_mask[:, None])
 
 
+# Tiles (rows, columns, warps) the autotuner tries per product shape on CUDA: the H100 timer
+# (bench/decode_kernels.py) found the best of 16 between (1, 256, 2) and (8, 512, 4) for SmolLM2.
+TUNED_TILES = ((1, 256, 2), (1, 512, 4), (2, 256, 2), (2, 512, 4), (4, 256, 4), (4, 512, 8), (8, 512, 4))
+TUNED_TILES += ((8, 512, 8), (16, 256, 8))
+_gemv_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": r, "BLOCK_K": c}, num_warps=w) for r, c, w in TUNED_TILES],
+    key=["n_rows", "n_cols", "PROLOGUE", "EPILOGUE"],
+    restore_value=["out_ptr"],  # tuning runs add into the residual stream: put it back
+)(_gemv_kernel)
+
+
 def block_rows(n_rows: int, programs: int) -> int:
     """Rows per program: the most (up to 16) that still give ``programs`` programs or more."""
     for rows in (16, 8, 4, 2):
@@ -242,6 +253,7 @@ def gemv(
     gated: bool = False,
     programs: int = 264,
     tile: tuple[int, int, int] | None = None,
+    tune: bool = False,
 ) -> None:
     """``out = weight @ x`` for one token, with an optional prologue and epilogue.
 
@@ -257,6 +269,8 @@ def gemv(
         gated: ``out = silu(gate) * up``.
         programs: How many programs to aim for (two per multiprocessor hides load latency).
         tile: ``(rows, columns, warps)`` per program instead of the rule above (for tuning).
+        tune: Time :data:`TUNED_TILES` at the first call of each shape and keep the fastest
+            (CUDA only: Triton's autotuner; ``tile`` and ``programs`` are then ignored).
     """
     n_rows = weight.shape[0] // (2 if gated else 1)
     n_cols = weight.shape[1]
@@ -268,12 +282,15 @@ def gemv(
     epilogue = EPILOGUE_GATED if gated else EPILOGUE_RESIDUAL if residual else EPILOGUE_STORE
     part_m, part_l, part_acc, n_splits, heads = splits if splits else (x, x, x, 0, 1)
     scale, eps = norm if norm else (x, 0.0)
-    _gemv_kernel[(triton.cdiv(n_rows, rows),)](
+    args = (
         x, scale, weight, bias if bias is not None else weight, out, part_m, part_l, part_acc,
         n_rows, n_cols, eps, n_splits, heads,
-        PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias is not None, HEAD_DIM=n_cols // heads,
-        BLOCK_N=rows, BLOCK_K=cols, num_warps=warps,
     )  # fmt: skip
+    flags = dict(PROLOGUE=prologue, EPILOGUE=epilogue, HAS_BIAS=bias is not None, HEAD_DIM=n_cols // heads)
+    if tune and tile is None:
+        _gemv_tuned[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_N"]),)](*args, **flags)
+        return
+    _gemv_kernel[(triton.cdiv(n_rows, rows),)](*args, **flags, BLOCK_N=rows, BLOCK_K=cols, num_warps=warps)
 
 
 def attention(

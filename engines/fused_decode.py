@@ -131,11 +131,11 @@ class Ops(Protocol):
 class TritonOps:
     """The Triton kernels (:mod:`engines.decode_kernels`, imported on first use)."""
 
-    def __init__(self, programs: int) -> None:
+    def __init__(self, programs: int, tune: bool) -> None:
         from engines import decode_kernels
 
         self.kernels: ModuleType = decode_kernels
-        self.gemv = partial(decode_kernels.gemv, programs=programs)
+        self.gemv = partial(decode_kernels.gemv, programs=programs, tune=tune)
         self.attention = decode_kernels.attention
 
 
@@ -227,8 +227,8 @@ class FusedDecode:
     one CUDA graph per window); returns the fp32 logits ``[1, vocab]``, in ``logits`` when given
     (a ``[1, vocab]`` fp32 buffer of the caller's), else in a buffer of its own.
     ``use_triton``: ``None`` uses the kernels where they can run (:func:`triton_usable`).
-    ``programs``: how many programs a matrix-vector kernel aims for (two per multiprocessor of
-    an H100/H200 by default; fewer make the CPU interpreter faster).
+    ``programs``: how many programs a matrix-vector kernel aims for off CUDA (fewer make the CPU
+    interpreter faster); on CUDA each product's tile is autotuned at its first call.
     """
 
     def __init__(
@@ -248,7 +248,8 @@ class FusedDecode:
         device, dtype = weight.device, weight.dtype
         if use_triton is None:
             use_triton = triton_usable(device)
-        self.ops: Ops = TritonOps(programs) if use_triton else TorchOps()
+        tune = device.type == "cuda"  # the autotuner times on the device; the interpreter cannot
+        self.ops: Ops = TritonOps(programs, tune) if use_triton else TorchOps()
         self.backend = "triton" if use_triton else "torch"
         self.model = model
         self.config = config
