@@ -227,8 +227,9 @@ class FusedDecode:
     one CUDA graph per window); returns the fp32 logits ``[1, vocab]``, in ``logits`` when given
     (a ``[1, vocab]`` fp32 buffer of the caller's), else in a buffer of its own.
     ``use_triton``: ``None`` uses the kernels where they can run (:func:`triton_usable`).
-    ``programs``: how many programs a matrix-vector kernel aims for off CUDA (fewer make the CPU
-    interpreter faster); on CUDA each product's tile is autotuned at its first call.
+    ``programs``: how many programs a matrix-vector kernel aims for (two per multiprocessor of
+    an H100/H200 by default; fewer make the CPU interpreter faster). ``tune`` (CUDA): time a
+    few tiles per product at its first call instead (written, not yet run on a GPU).
     """
 
     def __init__(
@@ -239,6 +240,7 @@ class FusedDecode:
         use_triton: bool | None = None,
         logits: torch.Tensor | None = None,
         programs: int = 264,
+        tune: bool = False,
     ) -> None:
         config = model.config
         reason = unsupported(config)
@@ -248,7 +250,7 @@ class FusedDecode:
         device, dtype = weight.device, weight.dtype
         if use_triton is None:
             use_triton = triton_usable(device)
-        tune = device.type == "cuda"  # the autotuner times on the device; the interpreter cannot
+        tune = tune and device.type == "cuda"  # the autotuner times on the device
         self.ops: Ops = TritonOps(programs, tune) if use_triton else TorchOps()
         self.backend = "triton" if use_triton else "torch"
         self.model = model
