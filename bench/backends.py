@@ -167,12 +167,19 @@ class Stamps:
 
 
 class HFRunner:
-    """transformers ``generate`` (eager, greedy), timed by a streamer; min_new_tokens masks EOS."""
+    """transformers ``generate`` (greedy), timed by a streamer; min_new_tokens masks EOS.
 
-    def __init__(self, model: Any, device: torch.device) -> None:
+    ``static``: a static KV cache, which makes ``generate`` compile the decoding forward
+    (``torch.compile`` mode ``reduce-overhead``: CUDA graphs) on CUDA; prefill stays eager.
+    """
+
+    def __init__(self, model: Any, device: torch.device, static: bool = False) -> None:
         self.model = model
         self.device = device
-        self.name = f"transformers generate {device.type} fp32"
+        self.extra: dict[str, Any] = {"cache_implementation": "static"} if static else {}
+        precision = {torch.float32: "fp32", torch.float16: "fp16"}.get(model.dtype, str(model.dtype))
+        kind = " static cache + compile" if static else ""
+        self.name = f"transformers generate{kind} {device.type} {precision}"
 
     def generate(self, ids: list[int], new_tokens: int) -> Timeline:
         x, stamps = torch.tensor([ids], dtype=torch.long, device=self.device), Stamps()
@@ -185,6 +192,7 @@ class HFRunner:
             do_sample=False,
             streamer=stamps,
             **extra,
+            **self.extra,
         )
         return Timeline(t0, stamps.t_ns, stamps.ids, now())
 
@@ -200,7 +208,9 @@ class Context:
     threads: int
 
 
-def _ours(dtype: str, cuda_graph: str, compile: bool = False) -> Callable[[Context], Runner]:
+def _ours(
+    dtype: str, cuda_graph: str, compile: bool = False, kernels: bool = False
+) -> Callable[[Context], Runner]:
     def build(ctx: Context) -> Runner:
         options = TorchBackendOptions(
             device=str(ctx.device),
@@ -209,6 +219,7 @@ def _ours(dtype: str, cuda_graph: str, compile: bool = False) -> Callable[[Conte
             threads=ctx.threads,
             cuda_graph=cuda_graph,
             compile=compile,
+            decode_kernels=kernels,
         )
         return DriverRunner(load_torch_decoder(ctx.model_dir, ctx.tokenizer, options))
 
@@ -230,6 +241,15 @@ def _transformers(ctx: Context) -> Runner:
     transformers.utils.logging.disable_progress_bar()
     model: Any = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
     return HFRunner(model.to(ctx.device).eval(), ctx.device)
+
+
+def _transformers_static(ctx: Context) -> Runner:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float16)
+    return HFRunner(model.to(ctx.device).eval(), ctx.device, static=True)
 
 
 def _onnxruntime(ctx: Context) -> Runner:
@@ -261,6 +281,19 @@ BACKENDS: dict[str, Backend] = {
     "graph-fp16": Backend("ours, CUDA graphs fp16", True, _ours("fp16", "on")),
     "graph-bf16": Backend("ours, CUDA graphs bf16", True, _ours("bf16", "on")),
     "graph-compile-fp16": Backend("ours, CUDA graphs + torch.compile fp16", True, _ours("fp16", "on", True)),
+    "graph-kernels-fp16": Backend(
+        "ours, CUDA graphs fp16, Triton decode kernels", True, _ours("fp16", "on", kernels=True)
+    ),
+    "graph-kernels-compile-fp16": Backend(
+        "ours, CUDA graphs fp16, Triton decode kernels, compiled prefill",
+        True,
+        _ours("fp16", "on", True, kernels=True),
+    ),
+    "transformers-static-compile": Backend(
+        "transformers generate fp16, static cache + torch.compile (reduce-overhead)",
+        True,
+        _transformers_static,
+    ),
     "static-fp32": Backend("ours, the graph step without capture, fp32 (checks its math)", False, _static),
     "onnxruntime": Backend(
         "onnxruntime CPU (engines.onnxruntime_backend)", False, _onnxruntime, cpu_only=True

@@ -15,7 +15,8 @@ runs P99 is near the maximum) of ``--runs``.
           stop when its streamer receives the first new id (generate's set-up counts).
 Decode ms/token: one request of ``--decode-tokens`` + 1 new tokens after a
 ``--decode-prompt-length`` prompt; (stamp of the last token - stamp of the first) / decode
-tokens; median over ``--decode-runs`` runs after one warm-up. A step is the one-token forward,
+tokens; median over ``--decode-runs`` runs after one warm-up. Decode step P50 / P95: over
+every single token interval of those runs. A step is the one-token forward,
 the token choice and the driver's loop (streaming text, stop checks): what a user gets.
 Turn: ``--turns`` sequential requests of a typical voice turn (``--turn-prompt`` prompt,
 ``--turn-reply`` reply tokens), each from an empty cache, after two warm-up requests;
@@ -83,7 +84,12 @@ FILLER = (
 
 def summary(samples: list[float]) -> dict[str, Any]:
     rounded = [round(s, 4) for s in samples]
-    return {"median": float(np.median(samples)), "p99": float(np.percentile(samples, 99)), "samples": rounded}
+    return {
+        "median": float(np.median(samples)),
+        "p95": float(np.percentile(samples, 95)),
+        "p99": float(np.percentile(samples, 99)),
+        "samples": rounded,
+    }
 
 
 @dataclass
@@ -110,12 +116,14 @@ class Bench:
                 if i >= a.warmup:
                     kept.append((t.token_ns[0] - t.t_submit_ns) / 1e6)
             row["ttft"][str(n)], row["first_tokens"][str(n)] = summary(kept), t.token_ids[0]
-        ids, k, per_token = self.prompt(a.decode_prompt_length), a.decode_tokens, []
+        ids, k, per_token, gaps = self.prompt(a.decode_prompt_length), a.decode_tokens, [], []
         for i in range(1 + a.decode_runs):
             t = runner.generate(ids, k + 1)
             if i >= 1:
                 per_token.append((t.token_ns[k] - t.token_ns[0]) / 1e6 / k)
+                gaps += [(b - e) / 1e6 for e, b in zip(t.token_ns[:k], t.token_ns[1 : k + 1], strict=True)]
         row["decode"], row["greedy_tokens"] = summary(per_token), t.token_ids[:16]
+        row["decode_steps"] = {k: v for k, v in summary(gaps).items() if k != "samples"}
         ids = self.prompt(a.turn_prompt)
         for _ in range(2):
             runner.generate(ids, a.turn_reply)

@@ -113,20 +113,26 @@ def _ms(v: float | None) -> str:
 
 
 def _table(rows: list[dict[str, Any]], lengths: list[int]) -> list[str]:
-    head = ["backend", *[f"TTFT@{n} p50 / p99 ms" for n in lengths]]
-    head += ["decode ms/token", "× transformers/token", "turn req/s", "peak GPU MiB", "build s"]
+    head = ["backend", *[f"TTFT@{n} p50 / p95 / p99 ms" for n in lengths]]
+    head += ["decode ms/token", "step p50 / p95 ms", "× transformers/token", "turn req/s", "peak GPU MiB"]
+    head += ["build s"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
-    base = next((r for r in rows if r["key"] == "transformers" and "decode" in r), None)
+    base = next((r for r in rows if r["key"].startswith("transformers") and "decode" in r), None)
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['name']} | failed: {r['error']} |" + " |" * (len(head) - 2))
             continue
-        cells = [f"{_ms(r['ttft'][str(n)]['median'])} / {_ms(r['ttft'][str(n)]['p99'])}" for n in lengths]
+        cells = [
+            " / ".join(_ms(r["ttft"][str(n)].get(q, float("nan"))) for q in ("median", "p95", "p99"))
+            for n in lengths
+        ]
         decode = r["decode"]["median"]
+        steps = r.get("decode_steps")
         ratio = f"{base['decode']['median'] / decode:.1f}×" if base else "—"
         mem = r.get("peak_gpu_mib")
         cells += [
             _ms(decode),
+            f"{_ms(steps['median'])} / {_ms(steps['p95'])}" if steps else "—",
             ratio,
             f"{r['turn']['requests_per_s']:.1f}",
             "—" if mem is None else f"{mem:.0f}",

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from engines.base import Backend, BackendIdentity, GenerationOptions
+from engines.fused_decode import FusedDecode
 from engines.torch_sampling import DeviceSampler, supports
 from models.decoder import Decoder as DecoderModel
 from models.decoder import KVCache
@@ -62,12 +63,15 @@ class GraphOptions:
     ``compile``: ``torch.compile`` (Inductor) the steps before capture; fuses the elementwise
     kernels, costs a compile at start-up (two graphs, dynamic in the window and in the bucket;
     Inductor caches them on disk).
+    ``decode_kernels``: decode with :class:`~engines.fused_decode.FusedDecode` (five Triton
+    kernels a layer) instead of the model's forward; ``compile`` then compiles prefill only.
     """
 
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     decode_windows: tuple[int, ...] = (256, 512, 1024)
     capture: bool = True
     compile: bool = False
+    decode_kernels: bool = False
 
 
 class _Upload:
@@ -178,8 +182,12 @@ class CudaGraphStep:
         self.sampler: DeviceSampler | None = None
         self.ahead: _Ahead | None = None
         self.graphs: list[torch.cuda.CUDAGraph] = []
+        # Raises ValueError for a family the kernels do not cover (the message names it).
+        self.fused = FusedDecode(model, self.cache, logits=self.logits) if options.decode_kernels else None
         kind = "cuda-graph" if options.capture else "static"
         variant = f"{kind}+compile" if options.compile else kind
+        if self.fused is not None:
+            variant += f"+{self.fused.backend}-decode"
         self.identity = BackendIdentity(Backend.PYTORCH, self.device.type, PRECISION[self.dtype], variant)
         self.name = self.identity.describe()
         prefill: Compute = self._prefill_compute
@@ -187,7 +195,8 @@ class CudaGraphStep:
         self.compiled = options.compile
         if options.compile:
             prefill = torch.compile(self._prefill_compute, fullgraph=True)
-            decode = torch.compile(self._decode_compute, fullgraph=True)
+            if self.fused is None:
+                decode = torch.compile(self._decode_compute, fullgraph=True)
         Run = Callable[[], None]
         self.runs: dict[int, Run] = {t: partial(self._run, t, prefill) for t in self.buckets}
         self.decodes: dict[int, Run] = {w: partial(self._decode, w, decode) for w in self.windows}
@@ -210,11 +219,14 @@ class CudaGraphStep:
         self, ids: torch.Tensor, positions: torch.Tensor, window: torch.Tensor
     ) -> torch.Tensor:
         kv_len = window.shape[0]
+        if self.fused is not None:
+            return self.fused(ids, positions, kv_len)  # writes self.logits
         logits = self.model(ids, positions, self.cache, kv_len=kv_len, last_only=True, matmul_attention=True)
         return logits[:, -1]
 
     def _choose(self, logits: torch.Tensor) -> None:
-        self.logits.copy_(logits)
+        if logits.data_ptr() != self.logits.data_ptr():
+            self.logits.copy_(logits)
         self.token.copy_(logits[0].argmax(dim=-1, keepdim=True))
 
     def _run(self, t: int, compute: Compute) -> None:
@@ -227,7 +239,7 @@ class CudaGraphStep:
     def _decode(self, window: int, compute: Compute) -> None:
         ids, positions = self.step_input.tensor[0:1].view(1, 1), self.step_input.tensor[1:2]
         slots = self.window_slots[window]
-        if self.compiled:
+        if self.compiled and self.fused is None:
             torch._dynamo.maybe_mark_dynamic(slots, 0)
         self._choose(compute(ids, positions, slots))
 

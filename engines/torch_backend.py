@@ -55,6 +55,7 @@ class TorchBackendOptions:
     compile_cache_dir: Path | None = None
     prefill_buckets: tuple[int, ...] = GraphOptions.prefill_buckets
     decode_windows: tuple[int, ...] = GraphOptions.decode_windows
+    decode_kernels: bool = False
 
 
 def resolve_device(options: TorchBackendOptions) -> tuple[torch.device, torch.dtype]:
@@ -173,10 +174,16 @@ def load_torch_decoder(
             status = "compile cache hit" if warm else "compile cache empty: compiled at start"
             emit_lookup(progress, Cache.COMPILE_CACHE, warm, f"{status}: {cache}")
         graph_options = GraphOptions(
-            options.prefill_buckets, options.decode_windows, capture=True, compile=options.compile
+            options.prefill_buckets,
+            options.decode_windows,
+            capture=True,
+            compile=options.compile,
+            decode_kernels=options.decode_kernels,
         )
         step = CudaGraphStep(model, capacity, graph_options)
     else:
+        if options.decode_kernels:
+            raise ValueError("decode_kernels needs CUDA graphs (a CUDA device and cuda_graph auto or on)")
         step = TorchStep(model, capacity)
     logger.info("loaded %s as %s, KV cache %d tokens", model_dir, step.name, capacity)
     return DecoderDriver(step, tokenizer, config.eos_token_ids, status, config.rope_switch_tokens)
