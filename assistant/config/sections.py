@@ -152,7 +152,7 @@ class SplitterOptions:
 
     max_chars: int = field(default=200, metadata=bounds(min=10))
     first_clause_chars: int = field(default=24, metadata=bounds(min=0))
-    first_chunk_words: int = field(default=5, metadata=bounds(min=0))
+    first_chunk_words: int = field(default=3, metadata=bounds(min=0))
 
 
 @dataclass(frozen=True)

@@ -88,11 +88,12 @@ SPLIT_CASES = [
 def test_sentence_splitter_whole_and_streamed_agree(text, expected):
     import random
 
-    from assistant.stages.splitter import SentenceSplitter
+    from assistant.stages.splitter import SentenceSplitter, SplitterOptions
 
-    whole = SentenceSplitter()
+    sentences = SplitterOptions(first_chunk_words=0)  # sentence ends, not the first chunk's word cut
+    whole = SentenceSplitter(sentences)
     assert whole.push(text) + whole.flush() == expected
-    rng, streamed, out, i = random.Random(0), SentenceSplitter(), [], 0
+    rng, streamed, out, i = random.Random(0), SentenceSplitter(sentences), [], 0
     while i < len(text):
         n = rng.randint(1, 5)
         out += streamed.push(text[i : i + n])

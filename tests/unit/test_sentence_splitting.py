@@ -42,6 +42,7 @@ CASES = [
 ]
 
 
+FIVE_WORDS = SplitterOptions(first_chunk_words=5)  # the rules below, at the old default
 SENTENCES_ONLY = SplitterOptions(first_chunk_words=0)  # CASES check sentence ends, not the first-chunk cut
 
 
@@ -140,12 +141,13 @@ def test_a_long_first_sentence_starts_speaking_after_its_first_clause():
 def test_a_run_on_opening_starts_speaking_after_its_first_words():
     reply = "Sure I can help you with that and the answer is that it depends on the day. Ask me again."
     expected = [
-        "Sure I can help you",  # five words: TTS can start here, long before the period
-        "with that and the answer is that it depends on the day.",
+        "Sure I can help",  # three words ("can" cannot end a phrase: one more): TTS starts here
+        "you with that and the answer is that it depends on the day.",
         "Ask me again.",
     ]
-    assert split_whole(reply) == expected  # the default is 5 words
+    assert split_whole(reply) == expected  # the default is 3 words
     assert all(split_streamed(reply, seed) == expected for seed in range(10))
+    assert split_whole(reply, FIVE_WORDS)[0] == "Sure I can help you"
     # Only the reply's first chunk: a run-on second sentence is not cut at its words.
     assert split_whole("Yes. Sure I can help you with that and more.") == [
         "Yes.",
@@ -159,15 +161,15 @@ def test_a_run_on_opening_starts_speaking_after_its_first_words():
 
 
 def test_a_sentence_or_clause_end_before_the_words_wins():
-    assert split_whole("Hi there. How can I help you today with anything at all?") == [
+    assert split_whole("Hi there. How can I help you today with anything at all?", FIVE_WORDS) == [
         "Hi there.",
         "How can I help you today with anything at all?",
     ]
-    assert split_whole("The capital of France is Paris. It is big.") == [
+    assert split_whole("The capital of France is Paris. It is big.", FIVE_WORDS) == [
         "The capital of France is Paris.",
         "It is big.",
     ]
-    assert split_whole("Extraordinarily complicated question, but here goes nothing at all.") == [
+    assert split_whole("Extraordinarily complicated question, but here goes nothing at all.", FIVE_WORDS) == [
         "Extraordinarily complicated question,",  # a clause end (past 24 characters) after 3 words
         "but here goes nothing at all.",
     ]
@@ -175,12 +177,12 @@ def test_a_sentence_or_clause_end_before_the_words_wins():
 
 def test_the_first_chunk_does_not_end_on_a_word_that_cannot_end_a_phrase():
     # "to" and "the" cannot end a phrase: the cut moves on to the next word that can.
-    assert split_whole("Well I am going to the shop and then home.") == [
+    assert split_whole("Well I am going to the shop and then home.", FIVE_WORDS) == [
         "Well I am going to the shop",
         "and then home.",
     ]
     # Numbers neither ("at 5 | p.m."): "5" and "p.m." are passed over, then the sentence ends.
-    assert split_whole("Meet J. Smith at 5 p.m. tomorrow. Okay?") == [
+    assert split_whole("Meet J. Smith at 5 p.m. tomorrow. Okay?", FIVE_WORDS) == [
         "Meet J. Smith at 5 p.m. tomorrow.",
         "Okay?",
     ]
