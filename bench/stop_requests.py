@@ -4,10 +4,11 @@ The real app (``assistant run --no-tui``) on a private PulseAudio (``scripts/vir
 a long question, then, 2.6 s into its reply (past the continuation window), a stop phrase
 into the microphone. A trial counts as **stopped** when the reply was stopped (``BargeIn`` on
 its turn) and no new turn was answered; **answered** when the phrase became a turn of its own
-that got a reply; **played on** otherwise. Two rooms: ``headset`` (the speaker does not reach
-the microphone) and ``speakers`` (the echo rig: ``--delay-ms``, ``--gain-db``, two reflections).
-Extra ``section.key=value`` settings go in as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``).
-Prints a markdown table and writes ``--json``:
+that got a reply; **played on** otherwise. A reply that ended before the phrase began is no
+trial (**reply over**: the model's reply length varies as the conversation grows). Two rooms:
+``headset`` (the speaker does not reach the microphone) and ``speakers`` (the echo rig:
+``--delay-ms``, ``--gain-db``, two reflections). Extra ``section.key=value`` settings go in
+as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``). Prints a table, writes ``--json``:
 
     python -m bench.stop_requests --trials 3 --json docs/results/stop-requests.json
 """
@@ -43,6 +44,10 @@ def trial(app: LiveApp, question: Path, phrase: Path) -> str:
     app.say(phrase)
     settle(app, timeout_s=60)
     events = app.events()[mark:]
+    ended = [e["t_ns"] for e in events if e["event"] == "PlaybackEnded" and e["turn_id"] == turn]
+    onsets = [e["onset_t_ns"] for e in events if e["event"] == "SpeechOnset" and e["turn_id"] > turn]
+    if ended and (not onsets or ended[0] < onsets[0]):
+        return "reply over"  # the reply ended before the phrase began: not a trial
     stopped = any(e["event"] == "BargeIn" and e["turn_id"] == turn for e in events)
     answered = any(e["event"] == "SentenceReady" and e["turn_id"] > turn for e in events)
     return "answered" if answered else "stopped" if stopped else "played on"
@@ -51,7 +56,7 @@ def trial(app: LiveApp, question: Path, phrase: Path) -> str:
 def room(env: dict, folder: Path, trials: int, settings: dict[str, str]) -> dict[str, list[str]]:
     question = utterance(folder, "Tell me about the history of Paris.", "question")
     phrases = {p: utterance(folder, p, f"phrase{i}") for i, p in enumerate(PHRASES)}
-    app = LiveApp({**env, **settings}, folder, "--max-new-tokens", "60", "--temperature", "0")
+    app = LiveApp({**env, **settings}, folder, "--max-new-tokens", "80", "--temperature", "0")
     outcomes: dict[str, list[str]] = {p: [] for p in PHRASES}
     try:
         app.wait_line("listening on", 300)
@@ -96,13 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         subprocess.run([script, "stop"], env=runtime_env, capture_output=True)
-    print("| phrase | " + " | ".join(f"{r}: stopped / answered / played on" for r in results) + " |")
+    kinds = ("stopped", "answered", "played on", "reply over")
+    print("| phrase | " + " | ".join(f"{r}: " + " / ".join(kinds) for r in results) + " |")
     print("|---|" + "---:|" * len(results))
     for phrase in PHRASES:
         cells = []
         for outcomes in results.values():
             got = outcomes[phrase]
-            cells.append(" / ".join(str(got.count(k)) for k in ("stopped", "answered", "played on")))
+            cells.append(" / ".join(str(got.count(k)) for k in kinds))
         print(f"| {phrase} | " + " | ".join(cells) + " |")
     if args.json:
         meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
