@@ -128,8 +128,15 @@ def burst(folder: Path, name: str = "cough", seconds: float = 0.18, dbfs: float 
 
 
 def reply_playing(app: LiveApp, turn: int, after: int = 0, timeout_s: float = 120) -> dict:
-    """Wait until turn ``turn``'s reply has its first piece on the speaker."""
-    return app.wait_event("AudioReady", turn, timeout_s, after)
+    """Wait until spoken turn ``turn``'s reply plays: its first piece is ready and the turn ended.
+
+    ``AudioReady`` alone is not enough: a speculative reply's first piece is rendered before the
+    user's turn is confirmed (``SpeechEnded``), and plays only then (with a 3-word first chunk
+    it is often ready that early).
+    """
+    ready = app.wait_event("AudioReady", turn, timeout_s, after)
+    app.wait_event("SpeechEnded", turn, timeout_s, after)
+    return ready
 
 
 def next_turn(app: LiveApp, after: int, timeout_s: float = 120) -> int:

@@ -59,6 +59,7 @@ class TranscriptResult:
     window: str = "full"
     fell_back: bool = False
     unclear: tuple[tuple[float, float], ...] = ()
+    left_out: str = ""  # the text of the ``unclear`` stretches, which ``text`` leaves out
 
 
 def _usable_cores() -> int:
@@ -231,8 +232,9 @@ class Transcriber:
         no_speech = max((s.no_speech_prob for s in segments), default=1.0)
         clips = len(cuts) - 1 if cuts else 1
         spans = tuple((float(s.start), float(s.end)) for s in lost)
+        left_out = " ".join(s.text.strip() for s in lost)
         return TranscriptResult(
-            text, audio_ms, asr_ms, info.language, float(no_speech), clips, "full", fell_back, spans
+            text, audio_ms, asr_ms, info.language, float(no_speech), clips, "full", fell_back, spans, left_out
         )
 
     def _run(

@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from assistant.events import Event, PartialTranscript, TurnHeld
+from assistant.events import Event, OverlapVerdict, PartialTranscript, TurnHeld
 from assistant.stages.asr import TranscriptResult, first_clip_end
 from assistant.stages.vad import SAMPLE_RATE_HZ
+from assistant.turns.overlap import judge
 from assistant.turns.protocols import HeldSpeech, Transcribes
 
 CONTINUATION_GAP_SAMPLES = SAMPLE_RATE_HZ * 3 // 10  # 0.3 s between a question and its rest
@@ -109,8 +110,13 @@ class Hearing:
         """The words of speech over a reply (greedy: they only decide what the speech was).
 
         Nothing when Whisper itself doubts there was speech (``no_speech_prob``): a hum or a
-        cough it would otherwise put words to.
+        cough it would otherwise put words to. Words that failed Whisper's checks (left out of
+        the text) still count when they ask to stop: "Please stop." over a reply on speakers came
+        out as a doubtful "the top." and the reply played on.
         """
         with self.lock:
             result = self.transcriber.transcribe(audio, quick=True)
-        return result.text.strip() if result.no_speech_prob < OVERLAP_NO_SPEECH else ""
+        text = result.text.strip()
+        if not text and judge(result.left_out) is OverlapVerdict.STOP:
+            text = result.left_out  # a doubtful "the top." is still a request to stop
+        return text if result.no_speech_prob < OVERLAP_NO_SPEECH else ""

@@ -291,7 +291,7 @@ def test_what_a_serve_killed_with_sigkill_left_is_removed_by_the_next_start(tmp_
     try:
         again = serve_until_ready(free_port(), env)
         again.send_signal(signal.SIGTERM)
-        again.wait(60)
+        again.wait(180)  # under CI load its Triton shutdown outlasted 60 s twice (the clean-up is the point)
         assert alive.exists()
     finally:
         alive.unlink(missing_ok=True)

@@ -341,3 +341,24 @@ def test_a_typed_turn_has_no_speech_stages_and_is_spoken_when_a_sink_is_given():
     assert record.transcript == "hello there" and sink.played
     assert record.metrics["asr_ms"] is None and record.metrics["voice_to_voice_ms"] is None
     assert any(isinstance(e, TurnDone) for e in events) and "SpeechPaused" not in kinds(events)
+
+
+class DoubtfulTranscriber:
+    """Returns what Whisper's checks left out of a decode (the text itself is empty)."""
+
+    description = "doubtful"
+
+    def __init__(self, left_out: str) -> None:
+        self.left_out = left_out
+
+    def transcribe(self, audio, quick=False, long_form=False) -> TranscriptResult:
+        return TranscriptResult("", 1000.0, 5.0, "en", 0.1, left_out=self.left_out)
+
+
+@pytest.mark.parametrize(("left_out", "heard"), [("the top.", "the top."), ("We have to go.", ""), ("", "")])
+def test_speech_over_a_reply_that_failed_whispers_checks_still_stops_it_when_it_asks_to(left_out, heard):
+    """On the echo rig "Please stop." came out as a doubtful " the top." (left out): the reply played on."""
+    from assistant.turns.hearing import Hearing
+
+    hearing = Hearing(DoubtfulTranscriber(left_out), lambda _event: None)
+    assert hearing.transcribe_overlap(np.zeros(RATE, np.float32)) == heard
