@@ -311,3 +311,11 @@ class _NoAsr:
             RuntimeError: Always (only typed turns run in text mode).
         """
         raise RuntimeError("no ASR model loaded (text mode)")
+
+    def phrase_logprobs(self, audio: np.ndarray, phrases: list[str]) -> list[float]:
+        """Never scores: there is no model.
+
+        Raises:
+            RuntimeError: Always (only typed turns run in text mode).
+        """
+        raise RuntimeError("no ASR model loaded (text mode)")

@@ -5,10 +5,12 @@ a long question, then, 2.6 s into its reply (past the continuation window), a st
 into the microphone. A trial counts as **stopped** when the reply was stopped (``BargeIn`` on
 its turn) and no new turn was answered; **answered** when the phrase became a turn of its own
 that got a reply; **played on** otherwise. A reply that ended before the phrase began is no
-trial (**reply over**: the model's reply length varies as the conversation grows). Two rooms:
+trial (**reply over**). Each trial runs in an app of its own, so every question opens a fresh
+conversation (in one long conversation SmolLM2's replies grew too short to speak over). Two rooms:
 ``headset`` (the speaker does not reach the microphone) and ``speakers`` (the echo rig:
 ``--delay-ms``, ``--gain-db``, two reflections). Extra ``section.key=value`` settings go in
-as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``). Prints a table, writes ``--json``:
+as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``). Prints a table, writes ``--json``
+(with what the app heard over each reply: ``OverlapHeard`` text and verdict):
 
     python -m bench.stop_requests --trials 3 --json docs/results/stop-requests.json
 """
@@ -34,8 +36,11 @@ PHRASES = ["Stop.", "Stop talking.", "Please stop.", "Wait."]
 AFTER_WINDOW_S = 2.6
 
 
-def trial(app: LiveApp, question: Path, phrase: Path) -> str:
-    """One long question and a stop phrase over its reply: stopped, answered or played on."""
+def trial(app: LiveApp, question: Path, phrase: Path) -> tuple[str, list[str]]:
+    """One long question and a stop phrase over its reply: stopped, answered or played on.
+
+    Also what the app heard over the reply (``OverlapHeard``: text and verdict).
+    """
     mark = len(app.events())
     app.say(question)
     turn = next_turn(app, mark, timeout_s=60)
@@ -46,28 +51,35 @@ def trial(app: LiveApp, question: Path, phrase: Path) -> str:
     events = app.events()[mark:]
     ended = [e["t_ns"] for e in events if e["event"] == "PlaybackEnded" and e["turn_id"] == turn]
     onsets = [e["onset_t_ns"] for e in events if e["event"] == "SpeechOnset" and e["turn_id"] > turn]
+    heard = [f"{e['text']!r}: {e['verdict']}" for e in events if e["event"] == "OverlapHeard"]
     if ended and (not onsets or ended[0] < onsets[0]):
-        return "reply over"  # the reply ended before the phrase began: not a trial
+        return "reply over", heard  # the reply ended before the phrase began: not a trial
     stopped = any(e["event"] == "BargeIn" and e["turn_id"] == turn for e in events)
     answered = any(e["event"] == "SentenceReady" and e["turn_id"] > turn for e in events)
-    return "answered" if answered else "stopped" if stopped else "played on"
+    return "answered" if answered else "stopped" if stopped else "played on", heard
 
 
-def room(env: dict, folder: Path, trials: int, settings: dict[str, str]) -> dict[str, list[str]]:
+def room(
+    env: dict, folder: Path, trials: int, settings: dict[str, str], heard: dict[str, list[list[str]]]
+) -> dict[str, list[str]]:
+    """``trials`` of each phrase, each in an app of its own (a fresh conversation: long replies)."""
     question = utterance(folder, "Tell me about the history of Paris.", "question")
     phrases = {p: utterance(folder, p, f"phrase{i}") for i, p in enumerate(PHRASES)}
-    app = LiveApp({**env, **settings}, folder, "--max-new-tokens", "80", "--temperature", "0")
     outcomes: dict[str, list[str]] = {p: [] for p in PHRASES}
-    try:
-        app.wait_line("listening on", 300)
-        for _ in range(trials):
-            for text, wav in phrases.items():
-                try:
-                    outcomes[text].append(trial(app, question, wav))
-                except AssertionError as e:
-                    outcomes[text].append(f"failed: {str(e)[:80]}")
-    finally:
-        app.stop()
+    for n in range(trials):
+        for i, (text, wav) in enumerate(phrases.items()):
+            run = folder / f"trial{n}-{i}"
+            run.mkdir()
+            app = LiveApp({**env, **settings}, run, "--max-new-tokens", "80", "--temperature", "0")
+            try:
+                app.wait_line("listening on", 300)
+                outcome, words = trial(app, question, wav)
+                outcomes[text].append(outcome)
+                heard.setdefault(text, []).append(words)
+            except AssertionError as e:
+                outcomes[text].append(f"failed: {str(e)[:80]}")
+            finally:
+                app.stop()
     return outcomes
 
 
@@ -91,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
     env = {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
     results: dict[str, dict[str, list[str]]] = {}
+    heard: dict[str, dict[str, list[list[str]]]] = {}
     try:
         for name in args.rooms.split(","):
             print(f"{name}: {args.trials} trials of {len(PHRASES)} phrases", file=sys.stderr)
             rig = echo_path(env, args.delay_ms, args.gain_db, 2) if name == "speakers" else nullcontext()
             with rig:
-                results[name] = room(
-                    env, Path(tempfile.mkdtemp(prefix=f"stop-{name}-")), args.trials, settings
-                )
+                folder = Path(tempfile.mkdtemp(prefix=f"stop-{name}-"))
+                results[name] = room(env, folder, args.trials, settings, heard.setdefault(name, {}))
     finally:
         subprocess.run([script, "stop"], env=runtime_env, capture_output=True)
     kinds = ("stopped", "answered", "played on", "reply over")
@@ -114,7 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
         args.json.write_text(
             json.dumps(
-                {"meta": meta, "args": vars(args) | {"json": str(args.json)}, "results": results}, indent=1
+                {
+                    "meta": meta,
+                    "args": vars(args) | {"json": str(args.json)},
+                    "results": results,
+                    "heard": heard,
+                },
+                indent=1,
             )
         )
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -13,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from assistant.config.sections import AsrOptions
-from assistant.stages.asr_fit import FitWindow, decode_fit, problem, silent, unclear
+from assistant.stages.asr_fit import (
+    FitWindow,
+    decode_fit,
+    encode_fit,
+    phrase_logprobs,
+    problem,
+    silent,
+    unclear,
+)
 from assistant.stages.streams import SAMPLE_RATE_HZ
 from store.bundled import BUNDLED, ModelStore
 
@@ -144,6 +153,7 @@ class Transcriber:
         self.options = options
         self.fit = FitWindow(floor_s=options.floor_s)
         self.fallbacks = 0  # fitted-window decodes that looked wrong (the full window took over)
+        self._encoded: tuple[bytes, tuple[Any, int]] | None = None  # the last fitted encoding, by audio
         source = _resolve(options.model, store)
         device = options.device
         if device == "auto":
@@ -201,7 +211,9 @@ class Transcriber:
         beam_size = 1 if quick else self.options.beam_size
         fell_back = False
         if self.options.window == "fit" and not long_form and self.fit.frames(samples.size) < 3000:
-            decode = decode_fit(self.model, samples, beam_size, self.fit, self.options.language)
+            decode = decode_fit(
+                self.model, samples, beam_size, self.fit, self.options.language, self._encode(samples)
+            )
             why = problem(decode)
             if why is None:
                 text = "" if silent(decode) else decode.text
@@ -236,6 +248,26 @@ class Transcriber:
         return TranscriptResult(
             text, audio_ms, asr_ms, info.language, float(no_speech), clips, "full", fell_back, spans, left_out
         )
+
+    def phrase_logprobs(self, audio: np.ndarray, phrases: list[str]) -> list[float]:
+        """How likely each of ``phrases`` is as the transcript of ``audio`` (mean log-probability a token).
+
+        Forced decoding (:func:`~assistant.stages.asr_fit.phrase_logprobs`) on the fitted
+        window; ``-inf`` for audio too short to hold a word.
+        """
+        samples = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+        if samples.size < MIN_AUDIO_S * SAMPLE_RATE_HZ:
+            return [-np.inf] * len(phrases)
+        return phrase_logprobs(
+            self.model, samples, self.fit, phrases, self.options.language, self._encode(samples)
+        )
+
+    def _encode(self, samples: np.ndarray) -> tuple[Any, int]:
+        """The fitted window's encoder output for ``samples``; the last one is kept for scoring it."""
+        key = hashlib.blake2b(samples.tobytes(), digest_size=16).digest() + samples.size.to_bytes(8, "little")
+        if self._encoded is None or self._encoded[0] != key:
+            self._encoded = key, encode_fit(self.model, samples, self.fit)
+        return self._encoded[1]
 
     def _run(
         self, samples: np.ndarray, beam_size: int | None = None, cuts: list[int] | None = None

@@ -116,7 +116,12 @@ def problem(d: FitDecode) -> str | None:
 
 
 def decode_fit(
-    model: Any, samples: np.ndarray, beam_size: int, fit: FitWindow, language: str | None
+    model: Any,
+    samples: np.ndarray,
+    beam_size: int,
+    fit: FitWindow,
+    language: str | None,
+    encoded: tuple[Any, int] | None = None,
 ) -> FitDecode:
     """Encode ``fit.frames`` of ``samples`` and decode without timestamps, through CTranslate2.
 
@@ -126,22 +131,15 @@ def decode_fit(
         beam_size: 1 decodes greedily.
         fit: The window and the token bound.
         language: The language code; ``None`` takes English (no detection on a short window).
+        encoded: :func:`encode_fit`'s output for ``samples``, when the caller has it.
 
     Returns:
         The text and the numbers :func:`problem` judges it by.
     """
-    import ctranslate2
-    from faster_whisper.tokenizer import Tokenizer
     from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
 
-    frames = fit.frames(samples.size)
-    # The features faster-whisper computes, zero-padded as its pad_or_trim does, to fewer frames
-    # (padding the audio with silence instead read no better on the corpus).
-    features = model.feature_extractor(samples)[:, :frames]
-    features = np.pad(features, ((0, 0), (0, frames - features.shape[1])))
-    encoded = model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
-    multilingual = model.model.is_multilingual
-    tokenizer = Tokenizer(model.hf_tokenizer, multilingual, task="transcribe", language=language or "en")
+    encoded, frames = encoded or encode_fit(model, samples, fit)
+    tokenizer = _tokenizer(model, language)
     prompt = model.get_prompt(tokenizer, [], without_timestamps=True)
     max_new = fit.max_new_tokens(samples.size)
     result = model.model.generate(
@@ -166,6 +164,53 @@ def decode_fit(
         no_speech_prob=float(result.no_speech_prob),
         frames=frames,
     )
+
+
+def encode_fit(model: Any, samples: np.ndarray, fit: FitWindow) -> tuple[Any, int]:
+    """The encoder output (StorageView) for ``fit.frames`` of ``samples``, and the frames."""
+    import ctranslate2
+
+    frames = fit.frames(samples.size)
+    # The features faster-whisper computes, zero-padded as its pad_or_trim does, to fewer frames
+    # (padding the audio with silence instead read no better on the corpus).
+    features = model.feature_extractor(samples)[:, :frames]
+    features = np.pad(features, ((0, 0), (0, frames - features.shape[1])))
+    encoded = model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])))
+    return encoded, frames
+
+
+def _tokenizer(model: Any, language: str | None) -> Any:
+    from faster_whisper.tokenizer import Tokenizer
+
+    multilingual = model.model.is_multilingual
+    return Tokenizer(model.hf_tokenizer, multilingual, task="transcribe", language=language or "en")
+
+
+def phrase_logprobs(
+    model: Any,
+    samples: np.ndarray,
+    fit: FitWindow,
+    phrases: list[str],
+    language: str | None,
+    encoded: tuple[Any, int] | None = None,
+) -> list[float]:
+    """How likely each of ``phrases`` is as the transcript of ``samples``: mean log-probability a token.
+
+    Forced decoding through CTranslate2's ``align`` (the pass faster-whisper's word timestamps
+    make): Whisper's probability of each token of `` phrase`` given the audio and the tokens
+    before it, on the fitted window. A phrase Whisper would write scores near its own greedy
+    decode; an unrelated one several nats a token below (docs/voice.md, "Full duplex").
+    """
+    encoded, frames = encode_fit(model, samples, fit)
+    tokenizer = _tokenizer(model, language)
+    start = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+    speech_frames = min(frames, samples.size // SAMPLES_PER_FRAME)
+    scores = []
+    for phrase in phrases:
+        tokens = tokenizer.encode(" " + phrase.strip())
+        probs = np.asarray(model.model.align(encoded, start, [tokens], speech_frames)[0].text_token_probs)
+        scores.append(float(np.log(np.maximum(probs, 1e-12)).mean()) if probs.size else -math.inf)
+    return scores
 
 
 # What faster-whisper keeps when every temperature fails (assistant.stages.asr_guard)

@@ -212,6 +212,20 @@ class TorchTranscriber:
             self._window(noise, beam_size, WARM_TOKENS)
         return (time.monotonic_ns() - start_ns) / 1e6
 
+    def phrase_logprobs(self, audio: np.ndarray, phrases: list[str]) -> list[float]:
+        """How likely each of ``phrases`` is as the transcript of ``audio`` (mean log-probability a token).
+
+        As :meth:`assistant.stages.asr.Transcriber.phrase_logprobs`, on the 30 s window.
+        """
+        import torch
+
+        samples = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+        if samples.size < MIN_AUDIO_S * SAMPLE_RATE_HZ:
+            return [-np.inf] * len(phrases)
+        tokens = [self.tokenizer.encode(" " + p.strip(), add_special_tokens=False).ids for p in phrases]
+        with torch.inference_mode():
+            return self.search.phrase_logprobs(self.log_mel(samples), tokens)
+
     def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
         """Transcribe one utterance of 16 kHz mono float32 samples in [-1, 1].
 

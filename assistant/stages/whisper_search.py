@@ -143,3 +143,17 @@ class WhisperSearch:
             tokens.append(token)
             ids = torch.tensor([[token]], device=self.device)
         return tokens, no_speech
+
+    def phrase_logprobs(self, features: Any, phrases: list[list[int]]) -> list[float]:
+        """Mean log-probability a token of each token list as the transcript of one window (forced)."""
+        import torch
+
+        encoded = self.model.model.encoder(features).last_hidden_state
+        scores = []
+        for tokens in phrases:
+            ids = torch.tensor([self.prompt + tokens], device=self.device)
+            hidden = self.model.model.decoder(input_ids=ids, encoder_hidden_states=encoded).last_hidden_state
+            logprobs = self.model.proj_out(hidden[0, len(self.prompt) - 1 : -1]).float().log_softmax(-1)
+            picked = logprobs.gather(1, torch.tensor(tokens, device=self.device)[:, None])
+            scores.append(float(picked.mean()) if tokens else -float("inf"))
+        return scores

@@ -8,6 +8,7 @@ Speech cut for length, or a question the user went on with after its reply began
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +18,10 @@ import numpy as np
 from assistant.events import Event, OverlapVerdict, PartialTranscript, TurnHeld
 from assistant.stages.asr import TranscriptResult, first_clip_end
 from assistant.stages.vad import SAMPLE_RATE_HZ
-from assistant.turns.overlap import judge
+from assistant.turns.overlap import judge, spotted_stop, stop_candidates, worth_spotting
 from assistant.turns.protocols import HeldSpeech, Transcribes
+
+logger = logging.getLogger(__name__)
 
 CONTINUATION_GAP_SAMPLES = SAMPLE_RATE_HZ * 3 // 10  # 0.3 s between a question and its rest
 OVERLAP_NO_SPEECH = 0.8  # Whisper's no-speech probability above which speech over a reply had no words
@@ -112,11 +115,28 @@ class Hearing:
         Nothing when Whisper itself doubts there was speech (``no_speech_prob``): a hum or a
         cough it would otherwise put words to. Words that failed Whisper's checks (left out of
         the text) still count when they ask to stop: "Please stop." over a reply on speakers came
-        out as a doubtful "the top." and the reply played on.
+        out as a doubtful "the top." and the reply played on. A few words that are not a stop
+        request are scored against the stop phrases (:func:`~assistant.turns.overlap.spotted_stop`):
+        the canceller's double-talk suppression turned "Please stop." into "Please come.".
         """
         with self.lock:
             result = self.transcriber.transcribe(audio, quick=True)
-        text = result.text.strip()
-        if not text and judge(result.left_out) is OverlapVerdict.STOP:
-            text = result.left_out  # a doubtful "the top." is still a request to stop
-        return text if result.no_speech_prob < OVERLAP_NO_SPEECH else ""
+            text = result.text.strip()
+            if not text and judge(result.left_out) is OverlapVerdict.STOP:
+                text = result.left_out  # a doubtful "the top." is still a request to stop
+            if result.no_speech_prob >= OVERLAP_NO_SPEECH:
+                return ""
+            if worth_spotting(text):
+                candidates = stop_candidates(text)
+                heard, *scores = self.transcriber.phrase_logprobs(audio, [text, *candidates])
+                stops = dict(zip(candidates, scores, strict=True))
+                if stop := spotted_stop(heard, stops):
+                    logger.info(
+                        "heard %r over the reply, scored as %r (%.2f vs %.2f a token)",
+                        text,
+                        stop,
+                        stops[stop],
+                        heard,
+                    )
+                    return stop
+        return text

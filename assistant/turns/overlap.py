@@ -9,6 +9,7 @@ question or start a new one depends on when they began, which the engine knows.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -59,6 +60,15 @@ STOPS = frozenset(
         "top", "top talking", "top it", "up", "op", "please stop", "stop please",
     }
 )  # fmt: skip
+# Stop requests as Whisper writes them, scored against short words heard over a reply
+# (:func:`spotted_stop`): "Please stop." under the reply came out "Please come." or "Please up".
+SPOTTED_STOPS = ("Stop.", "Please stop.", "Stop talking.", "Stop it.", "Wait.", "Hold on.", "That's enough.")
+# How far below the heard words' own score (mean log-probability a token) a stop phrase may be
+# and still be what was said: a mangled "Please stop." scored 0.4 under its "Please up"; real
+# words ("Please continue.", "Okay", "What is the capital of Germany?") put every stop phrase
+# 2-7 below (tiny.en, espeak-ng voices, clean and degraded: docs/voice.md "Full duplex").
+STOP_SPOT_MARGIN = 1.0
+SPOT_CANDIDATES = 2  # the stop phrases closest in letters are scored (each a forced decode: ~8 ms)
 MAX_BACKCHANNEL_WORDS = 4  # "oh okay yeah right": longer is more than listening
 MAX_STOP_WORDS = 4  # "stop it please": a request to stop; longer ("Stop. What is ...") is a question
 _SOUNDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "[coughs]", "(laughs)", "*sigh*"
@@ -88,6 +98,36 @@ def judge(text: str) -> OverlapVerdict:
     if _all_backchannel(words):
         return OverlapVerdict.BACKCHANNEL
     return OverlapVerdict.BARGE_IN
+
+
+def worth_spotting(text: str) -> bool:
+    """Whether ``text`` heard over a reply could be a mangled stop request: a few words, not stop."""
+    return judge(text) is OverlapVerdict.BARGE_IN and len(normalise(text).split()) <= MAX_STOP_WORDS
+
+
+def stop_candidates(text: str) -> list[str]:
+    """The :data:`SPOT_CANDIDATES` phrases of :data:`SPOTTED_STOPS` closest in letters to ``text``.
+
+    A mangled request keeps most of its letters ("Please up", "Please come." -> "Please stop.";
+    "Hold up" -> "Hold on."), so only these are scored.
+    """
+    words = normalise(text)
+
+    def closeness(stop: str) -> float:
+        return difflib.SequenceMatcher(a=words, b=normalise(stop), autojunk=False).ratio()
+
+    return sorted(SPOTTED_STOPS, key=closeness, reverse=True)[:SPOT_CANDIDATES]
+
+
+def spotted_stop(heard: float, stops: dict[str, float]) -> str | None:
+    """The stop phrase that was said, from the scores of forced decoding, or ``None``.
+
+    ``heard``: the mean log-probability a token of the words Whisper wrote; ``stops``: stop
+    phrases' scores. A stop phrase within :data:`STOP_SPOT_MARGIN` of the words was as likely
+    what the audio said.
+    """
+    best = max(stops, key=stops.__getitem__, default=None)
+    return best if best is not None and stops[best] >= heard - STOP_SPOT_MARGIN else None
 
 
 def starts_with_stop(text: str) -> bool:

@@ -31,6 +31,10 @@ class Transcribes(Protocol):
         """
         ...
 
+    def phrase_logprobs(self, audio: np.ndarray, phrases: list[str]) -> list[float]:
+        """How likely each phrase is as the transcript of ``audio``: mean log-probability a token."""
+        ...
+
 
 class Synthesizes(Protocol):
     """The TTS stage as the pipeline uses it."""

@@ -142,3 +142,17 @@ def test_backend_setting(tmp_path: Path, tmp_store: ModelStore) -> None:
     assert load_settings(None, env={"ASSISTANT_ASR_BACKEND": "ctranslate2"}).asr.backend == "ctranslate2"
     with pytest.raises(ConfigError, match="backend"):
         load_settings(None, env={"ASSISTANT_ASR_BACKEND": "tensorrt"})
+
+
+def test_phrase_scores_rank_as_faster_whisper_ranks_them(
+    tmp_store: ModelStore, torch_asr: TorchTranscriber, tmp_path: Path
+) -> None:
+    """Forced decoding on the torch backend: the phrase said first, as CTranslate2 scores it (float32)."""
+    audio = speak("Please stop.", tmp_path)
+    phrases = ["Please stop.", "Please come.", "Stop.", "What is the capital of Germany?"]
+    reference = Transcriber(AsrOptions(device="cpu", compute_type="float32"), tmp_store)
+    expected = reference.phrase_logprobs(audio, phrases)
+    got = torch_asr.phrase_logprobs(audio, phrases)
+    assert np.argsort(got).tolist() == np.argsort(expected).tolist(), (got, expected)
+    assert abs(got[0] - expected[0]) < 0.3, (got, expected)  # 30 s window against the fitted one
+    assert torch_asr.phrase_logprobs(np.zeros(800, np.float32), ["Stop."]) == [-np.inf]

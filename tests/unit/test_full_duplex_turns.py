@@ -24,7 +24,7 @@ from assistant.turns.engine import (
     StopSpeaker,
     TurnRules,
 )
-from assistant.turns.overlap import judge, starts_with_stop
+from assistant.turns.overlap import judge, spotted_stop, starts_with_stop, stop_candidates, worth_spotting
 from tests.helpers.timeline import Script
 
 
@@ -224,6 +224,45 @@ def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
 )
 def test_what_speech_over_a_reply_is_judged_from_its_words(text: str, verdict: OverlapVerdict) -> None:
     assert judge(text) is verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "worth"),
+    [
+        ("Please come.", True),  # "Please stop." with its "st" under the canceller's suppression
+        ("Please up", True),
+        ("What about Rome?", True),
+        ("Please stop.", False),  # already a stop request
+        ("Uh-huh.", False),  # a backchannel was heard as one
+        ("", False),
+        ("Thanks for watching!", False),
+        ("What is the capital of Germany?", False),  # more words than a stop request has
+    ],
+)
+def test_only_a_few_words_that_are_not_a_stop_request_are_scored_against_one(text: str, worth: bool) -> None:
+    assert worth_spotting(text) is worth
+
+
+def test_a_stop_phrase_nearly_as_likely_as_the_heard_words_is_what_was_said() -> None:
+    """Scores measured with tiny.en (bench.stop_spotting): "Please up" -0.47, "Please stop." -0.88."""
+    assert spotted_stop(-0.47, {"Please stop.": -0.88, "Stop it.": -6.0}) == "Please stop."
+    assert spotted_stop(-0.24, {"Please stop.": -3.75, "Hold on.": -6.0}) is None  # "Please continue."
+    assert spotted_stop(-1.0, {"Stop.": -2.1, "Wait.": -1.9}) == "Wait."  # the likelier one
+    assert spotted_stop(-1.0, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "closest"),
+    [
+        ("Please come.", "Please stop."),
+        ("Please up", "Please stop."),
+        ("Hold up.", "Hold on."),
+        ("Way.", "Wait."),
+    ],
+)
+def test_the_stop_phrases_closest_in_letters_are_scored(text: str, closest: str) -> None:
+    candidates = stop_candidates(text)
+    assert len(candidates) == 2 and candidates[0] == closest
 
 
 def test_an_interruption_is_recognised_by_its_first_words():

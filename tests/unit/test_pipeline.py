@@ -354,6 +354,9 @@ class DoubtfulTranscriber:
     def transcribe(self, audio, quick=False, long_form=False) -> TranscriptResult:
         return TranscriptResult("", 1000.0, 5.0, "en", 0.1, left_out=self.left_out)
 
+    def phrase_logprobs(self, audio, phrases):
+        raise AssertionError("a stop request or no words: nothing to score")
+
 
 @pytest.mark.parametrize(("left_out", "heard"), [("the top.", "the top."), ("We have to go.", ""), ("", "")])
 def test_speech_over_a_reply_that_failed_whispers_checks_still_stops_it_when_it_asks_to(left_out, heard):
@@ -362,3 +365,49 @@ def test_speech_over_a_reply_that_failed_whispers_checks_still_stops_it_when_it_
 
     hearing = Hearing(DoubtfulTranscriber(left_out), lambda _event: None)
     assert hearing.transcribe_overlap(np.zeros(RATE, np.float32)) == heard
+
+
+class MishearingTranscriber:
+    """Writes ``text`` and scores phrases as ``scores`` says (-8 for any other); counts the scorings."""
+
+    description = "mishearing"
+
+    def __init__(self, text: str, scores: dict[str, float], no_speech: float = 0.1) -> None:
+        self.text, self.scores, self.no_speech = text, scores, no_speech
+        self.scored: list[list[str]] = []
+
+    def transcribe(self, audio, quick=False, long_form=False) -> TranscriptResult:
+        return TranscriptResult(self.text, 1000.0, 5.0, "en", self.no_speech)
+
+    def phrase_logprobs(self, audio, phrases):
+        self.scored.append(list(phrases))
+        return [self.scores.get(p, -8.0) for p in phrases]
+
+
+@pytest.mark.parametrize(
+    ("text", "scores", "heard"),
+    [
+        ("Please come.", {"Please come.": -0.5, "Please stop.": -0.9}, "Please stop."),
+        ("Please continue.", {"Please continue.": -0.4, "Please stop.": -3.8}, "Please continue."),
+        ("What about Rome?", {"What about Rome?": -0.3}, "What about Rome?"),
+    ],
+)
+def test_a_few_words_over_a_reply_that_score_as_a_stop_request_are_one(text, scores, heard):
+    """On the echo rig "Please stop." was heard as "Please come." and the reply was answered, not stopped."""
+    from assistant.turns.hearing import Hearing
+
+    asr = MishearingTranscriber(text, scores)
+    assert Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(RATE, np.float32)) == heard
+    assert asr.scored and asr.scored[0][0] == text
+
+
+@pytest.mark.parametrize(
+    ("text", "no_speech"),
+    [("Stop.", 0.1), ("Yeah.", 0.1), ("Stop. What is the capital of Germany?", 0.1), ("Please come.", 0.95)],
+)
+def test_stop_requests_backchannels_long_words_and_doubtful_speech_are_not_scored(text, no_speech):
+    from assistant.turns.hearing import Hearing
+
+    asr = MishearingTranscriber(text, {}, no_speech)
+    Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(RATE, np.float32))
+    assert asr.scored == []

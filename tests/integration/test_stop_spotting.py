@@ -1,0 +1,71 @@
+"""Stop requests whose words the echo canceller mangled are still heard as stop requests.
+
+Real tiny.en (both backends) on espeak-ng speech. Under a playing reply AEC3's double-talk
+suppression takes a stretch out of the user's words ("Please stop." came out "Please come."
+on the echo rig): here 150 ms in the middle of "Please stop." are taken down 25 dB, which
+tiny.en writes as "Please up". Scoring the stop phrases against those words
+(``Hearing.transcribe_overlap``) finds the request; real words that are not one are kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from assistant.events import OverlapVerdict
+from assistant.stages.asr import AsrOptions, Transcriber
+from assistant.turns.hearing import Hearing
+from assistant.turns.overlap import judge
+from bench.duplex_rig import utterance
+from store.bundled import ModelStore
+
+pytestmark = pytest.mark.slow
+
+
+def spoken(folder: Path, text: str) -> np.ndarray:
+    samples, _rate = soundfile.read(utterance(folder, text, text.split()[-1].strip(".?")), dtype="float32")
+    return samples
+
+
+def suppressed_middle(samples: np.ndarray, ms: int = 150, db: float = -25) -> np.ndarray:
+    """``samples`` with ``ms`` in the middle of the speech taken down by ``db`` (double-talk suppression)."""
+    loud = np.flatnonzero(np.abs(samples) > 0.02)
+    middle, half = (loud[0] + loud[-1]) // 2, ms * 8
+    out = samples.copy()
+    out[middle - half : middle + half] *= 10 ** (db / 20)
+    return out
+
+
+@pytest.fixture(scope="module")
+def asr(store: ModelStore) -> Transcriber:
+    store.fetch("whisper-tiny.en", progress=lambda _msg: None)
+    return Transcriber(AsrOptions(device="cpu", cpu_threads=2), store)
+
+
+def test_a_stop_request_with_its_middle_suppressed_is_heard_as_one(asr: Transcriber, tmp_path: Path) -> None:
+    audio = suppressed_middle(spoken(tmp_path, "Please stop."))
+    greedy = asr.transcribe(audio, quick=True).text
+    assert judge(greedy) is OverlapVerdict.BARGE_IN, greedy  # mangled: the words alone are no stop request
+    assert Hearing(asr, lambda _event: None).transcribe_overlap(audio) == "Please stop.", greedy
+
+
+@pytest.mark.parametrize(
+    "text", ["Please continue.", "Please come here.", "What about Rome?", "Tell me more."]
+)
+def test_words_that_are_no_stop_request_are_kept(asr: Transcriber, tmp_path: Path, text: str) -> None:
+    hearing = Hearing(asr, lambda _event: None)
+    for audio in (spoken(tmp_path, text), suppressed_middle(spoken(tmp_path, text))):
+        heard = hearing.transcribe_overlap(audio)
+        assert judge(heard) is not OverlapVerdict.STOP, heard
+
+
+def test_scores_rank_the_words_said_first(asr: Transcriber, tmp_path: Path) -> None:
+    """Forced decoding: the phrase said scores highest, a one-word change several nats a token lower."""
+    said, other, unrelated = asr.phrase_logprobs(
+        spoken(tmp_path, "Please stop."), ["Please stop.", "Please come.", "What is the capital of Germany?"]
+    )
+    assert said > other + 1.5 and other > unrelated, (said, other, unrelated)
+    assert asr.phrase_logprobs(np.zeros(800, np.float32), ["Stop."]) == [-np.inf]  # 50 ms: no word
