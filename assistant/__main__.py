@@ -77,20 +77,37 @@ def _tui(args: argparse.Namespace, settings: Settings, audio: np.ndarray | None 
 _signalled: list[int] = []  # the stop signals received, in case their SystemExit was swallowed
 
 
+REDELIVER_MAX = 10  # a stop signal's exit swallowed this often in a row is given up on
+REDELIVER_AFTER_S = 0.01  # time for the finalizer that swallowed the exit to return
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
     """Unwind the main thread with ``SystemExit(128 + signum)``.
 
     Raised inside a finalizer (``__del__``, a weakref callback), the exception is printed as
-    "Exception ignored" and dropped; :func:`main` then still returns the signal's status.
+    "Exception ignored" and dropped: :func:`_quiet_swallowed_exit` then delivers the signal again.
     """
     _signalled.append(signum)
     raise SystemExit(128 + signum)
 
 
 def _quiet_swallowed_exit(unraisable: Any) -> None:
-    """``sys.unraisablehook``: our own swallowed ``SystemExit`` is no traceback for the user."""
+    """``sys.unraisablehook``: our own swallowed ``SystemExit`` is delivered again, quietly.
+
+    Dropped, the exit let the command go on: a file-mode turn finished and exited 0, and
+    ``assistant serve``, waiting on its Triton server, never stopped (CI: SIGTERM'd, still
+    running after 180 s). A timer thread sends the signal to the main thread again 10 ms later:
+    sent from here, inside the finalizer, its handler would run at once and be swallowed again;
+    later it runs once the finalizer has returned, and interrupts a blocking wait too.
+    """
     if not (isinstance(unraisable.exc_value, SystemExit) and _signalled):
         sys.__unraisablehook__(unraisable)
+    elif len(_signalled) <= REDELIVER_MAX:
+        main = threading.main_thread().ident
+        assert main is not None
+        again = threading.Timer(REDELIVER_AFTER_S, signal.pthread_kill, (main, _signalled[-1]))
+        again.name = "signal-again"
+        again.start()  # it only sends the signal: nothing to join
 
 
 # SIGHUP (the terminal was closed) ends a command as SIGTERM does, with its clean-up; it used to

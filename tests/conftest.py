@@ -112,13 +112,74 @@ def pytest_addoption(parser):
     )
 
 
+# The files of the tests that play and record real-time audio on the virtual devices (the
+# ``pulse`` session): timing matters to them, and they share one sound server.
+REAL_TIME_FILES = frozenset(
+    {
+        "tests/integration/test_echo_cancelled_through_the_rig.py",
+        "tests/integration/test_echo_rig.py",
+        "tests/integration/test_full_duplex.py",
+        "tests/integration/test_long_speech_kept.py",
+        "tests/integration/test_metrics_endpoint.py",
+        "tests/integration/test_piper_voice.py",
+        "tests/integration/test_prometheus_dashboards.py",
+        "tests/integration/test_soak_run.py",
+        "tests/integration/test_sound_server_lost.py",
+        "tests/integration/test_turn_taking.py",
+        "tests/integration/test_voice_loop.py",
+        "tests/tui/test_ui.py",
+    }
+)
+REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
+
+
+def group_of(nodeid: str) -> str:
+    """``real-time`` for a test in :data:`REAL_TIME_FILES`, else ``compute``."""
+    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES else "compute"
+
+
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--run-tensorrt"):
-        return
+    """Skip the TensorRT engine tests unless asked; a test on the sound devices must be listed.
+
+    Raises:
+        pytest.UsageError: A test uses the virtual sound devices outside :data:`REAL_TIME_FILES`
+            (it would share the sound server with the other worker's tests).
+    """
     reason = "gpu_tensorrt: not run; pass --run-tensorrt on a machine with TensorRT and a supported GPU"
     for item in items:
-        if "gpu_tensorrt" in item.keywords:
+        if "gpu_tensorrt" in item.keywords and not config.getoption("--run-tensorrt"):
             item.add_marker(pytest.mark.skip(reason=reason))
+        if (
+            REAL_TIME_FIXTURES & set(getattr(item, "fixturenames", ()))
+            and group_of(item.nodeid) != "real-time"
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the virtual sound devices: add its file to REAL_TIME_FILES"
+            )
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Two groups for ``scripts/test.sh``'s two workers, each group on one worker.
+
+    The ``real-time`` tests (:data:`REAL_TIME_FILES`: audio played and recorded at speed, mostly
+    waiting) run on one worker while the ``compute`` tests (parity, builds, the accuracy gate,
+    the unit tests) run on the other at the lowest CPU priority (:func:`pytest_runtest_setup`),
+    so the audio tests keep the CPU they would have alone. (pytest-xdist's own ``loadgroup``
+    does not group under pytest 9: it marks ``Item._nodeid``, which pytest 9 no longer reads.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return TwoGroups(config, log)
+
+
+def pytest_runtest_setup(item):
+    """A pytest-xdist worker running the ``compute`` group lowers its CPU priority (once: for good)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) == "compute" and os.nice(0) < 19:
+        os.nice(19 - os.nice(0))
 
 
 @pytest.fixture(scope="session")

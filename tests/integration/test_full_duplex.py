@@ -24,17 +24,26 @@ REPLIES_ECHO_ONLY = 20
 AFTER_WINDOW_S = 2.6  # past the 1.8 s continuation window (from the reply's first audio)
 
 
-def typed_replies(pulse: dict[str, str], folder: Path, count: int, *args: str) -> tuple[LiveApp, str]:
-    """``count`` short typed questions answered aloud with the echo path on; nobody speaks."""
+def typed_replies(
+    pulse: dict[str, str], folder: Path, count: int, *args: str, until: str = "TurnDone"
+) -> tuple[LiveApp, str]:
+    """``count`` short typed questions answered aloud with the echo path on; nobody speaks.
+
+    Returns once ``count`` turns are done, or as soon as an ``until`` event other than
+    ``TurnDone`` appears.
+    """
     app = LiveApp(pulse, folder, "--max-new-tokens", "8", *args)
     try:
         app.wait_line("listening on")
         for i in range(count):
             app.ask(f"Name a colour, number {i + 1}.")
         deadline = time.monotonic() + 40 + 6 * count
-        while (
-            len([e for e in app.events() if e["event"] == "TurnDone"]) < count and time.monotonic() < deadline
-        ):
+
+        def finished() -> bool:
+            kinds = [e["event"] for e in app.events()]
+            return kinds.count("TurnDone") >= count or (until != "TurnDone" and until in kinds)
+
+        while not finished() and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         stderr = app.stop()
@@ -75,7 +84,8 @@ def test_without_echo_cancellation_the_microphone_is_gated_or_hears_the_echo(
     (the check of the echo-only test above can fail).
     """
     with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
-        app, stderr = typed_replies(pulse, tmp_path, 3, "--echo", "off", "--barge-in", barge_in)
+        until = "ReplyPaused" if barge_in == "on" else "TurnDone"  # it paused: shown, no need to wait on
+        app, stderr = typed_replies(pulse, tmp_path, 3, "--echo", "off", "--barge-in", barge_in, until=until)
     assert any("half duplex: echo cancellation off" in line for line in app.lines), app.lines
     kinds = {e["event"] for e in app.events()}
     if barge_in == "auto":

@@ -261,6 +261,7 @@ def test_a_refused_or_impossible_llm_server_address_is_one_line_naming_the_flag(
 
 
 def serve_until_ready(port: int, env: dict[str, str]) -> subprocess.Popen:
+    """``assistant serve`` once it says it is ready; its stderr is read on, so a full pipe never blocks it."""
     cmd = [sys.executable, "-m", "assistant", "serve", "--port", str(port), "--sequences", "2"]
     proc = subprocess.Popen(
         [*cmd, "--context-tokens", "512"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
@@ -268,6 +269,7 @@ def serve_until_ready(port: int, env: dict[str, str]) -> subprocess.Popen:
     assert proc.stderr is not None
     while "stations connect with" not in (line := proc.stderr.readline()):
         assert line, "serve ended before it was ready"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
     return proc
 
 
@@ -291,7 +293,7 @@ def test_what_a_serve_killed_with_sigkill_left_is_removed_by_the_next_start(tmp_
     try:
         again = serve_until_ready(free_port(), env)
         again.send_signal(signal.SIGTERM)
-        again.wait(180)  # under CI load its Triton shutdown outlasted 60 s twice (the clean-up is the point)
+        again.wait(120)  # a swallowed SIGTERM once kept it waiting for good (assistant.__main__)
         assert alive.exists()
     finally:
         alive.unlink(missing_ok=True)
