@@ -119,7 +119,7 @@ REAL_TIME_FILES = frozenset(
         "tests/integration/test_echo_cancelled_through_the_rig.py",
         "tests/integration/test_echo_rig.py",
         "tests/integration/test_full_duplex.py",
-        "tests/integration/test_long_speech_kept.py",
+        "tests/integration/test_long_speech_live.py",
         "tests/integration/test_metrics_endpoint.py",
         "tests/integration/test_piper_voice.py",
         "tests/integration/test_prometheus_dashboards.py",
@@ -127,7 +127,7 @@ REAL_TIME_FILES = frozenset(
         "tests/integration/test_sound_server_lost.py",
         "tests/integration/test_turn_taking.py",
         "tests/integration/test_voice_loop.py",
-        "tests/tui/test_ui.py",
+        "tests/tui/test_ui_sound.py",
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})

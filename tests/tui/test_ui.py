@@ -1,8 +1,11 @@
-"""The Textual UI: Pilot tests on real sessions (real models), snapshots, and a tmux run."""
+"""The Textual UI: Pilot tests on real sessions (real models) without sound devices, snapshots, a tmux run.
+
+The tests on the virtual sound devices are in ``test_ui_sound.py`` (they run on the real-time
+worker, tests/conftest.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -22,13 +25,11 @@ from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
 from assistant.tui.conversation import Conversation
 from assistant.tui.stats import SessionStats
 from assistant.tui.status import StatusBar
-from bench.speech import speak
 from tests.helpers.screen import screen_text
 from tests.helpers.tui import (
     builder,
     no_audio_env,
     pipeline_threads,
-    rescan_audio_devices,
     settings,
     show_fixed_session,
     wait_until,
@@ -36,13 +37,6 @@ from tests.helpers.tui import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-
-
-@pytest.fixture(scope="module")
-def question_wav(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("q")
-    speak("What is the capital of France?", folder, "question")
-    return folder / "question.wav"
 
 
 @pytest.mark.asyncio
@@ -68,56 +62,6 @@ async def test_replayed_file_turn_shows_the_breakdown_of_its_json_record(questio
         assert "replaying question.wav" in screen
         # The statistics table has this one turn.
         assert re.search(rf"voice-to-voice\s+{rec['metrics']['voice_to_voice_ms']:.0f}\s", screen), screen
-        await pilot.press("q")
-    assert not pipeline_threads()
-
-
-@pytest.mark.asyncio
-async def test_spoken_turn_on_the_virtual_mic_hears_answers_and_mutes(pulse, question_wav, monkeypatch):
-    """The question spoken into the virtual mic: hearing, transcript, reply, breakdown; m mutes it."""
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
-    s = settings()
-    app = AssistantApp(builder(s), settings=s, gpu=False)
-    env = {**os.environ, **pulse}
-    async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app.loop is not None and app.session is not None)
-        await pilot.pause()
-        screen = screen_text(app)
-        assert "LISTENING" in screen and "in: " in screen and "out: none" not in screen, screen
-        status = app.query_one(StatusBar)
-        loudest = []
-
-        def answered() -> bool:
-            loudest.append(status.level_db if status.level_db is not None else -120.0)
-            return bool(app.records)
-
-        # Played without blocking the event loop, so the UI runs (and is sampled) meanwhile.
-        play = await asyncio.create_subprocess_exec("paplay", "--device=micfeed", str(question_wav), env=env)
-        await wait_until(pilot, answered)
-        assert await play.wait() == 0
-        await pilot.pause()
-        assert max(loudest) > -40  # the level meter moved with the speech
-        (record,) = app.records
-        mic = app.session.mic
-        lost = f"mic blocks dropped {mic.overflows}, PortAudio overflows {mic.device_overflows}"
-        # Heard and transcribed (tiny.en on espeak-ng may say "capital and friends": ASR
-        # accuracy is test_voice's; here the UI must show what the pipeline produced).
-        assert "capital" in record.transcript.lower(), (record.transcript, lost)
-        shown = app.query_one(LatencyBreakdown).plain()
-        for label, _short, key, _style in LEGEND:
-            assert record.metrics[key] is not None, key
-            assert f"{label} {fmt_ms(record.metrics[key])}" in shown, (label, shown, record)
-        conversation = app.query_one(Conversation)
-        assert " ".join(conversation.reply_text(record.turn_id).split()) == " ".join(record.reply.split())
-        screen = " ".join(screen_text(app).split())
-        assert f"you: {record.transcript}" in screen and record.reply.split()[0] in screen, screen
-        await pilot.press("m")
-        assert "MUTED" in screen_text(app)
-        subprocess.run(["paplay", "--device=micfeed", str(question_wav)], env=env, check=True)
-        await pilot.pause(1.0)
-        assert len(app.records) == 1 and not app.turn_events  # muted: nothing was heard
         await pilot.press("q")
     assert not pipeline_threads()
 
@@ -170,17 +114,6 @@ async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, m
     assert not left, left
 
 
-def source_outputs(env) -> list[str]:
-    """Recording streams of clients on the virtual PulseAudio (one per open microphone).
-
-    The virtual mic's own remap stream has no client (``-``) and is left out.
-    """
-    cmd = ["pactl", "list", "short", "source-outputs"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return [line for line in out.stdout.splitlines() if line.split("\t")[2] != "-"]
-
-
 @pytest.mark.asyncio
 async def test_a_chat_template_that_raises_is_named_once_and_typing_says_the_start_failed(
     model_dir, tmp_path, monkeypatch
@@ -209,48 +142,6 @@ async def test_a_chat_template_that_raises_is_named_once_and_typing_says_the_sta
         assert shown[-1].startswith(f"cannot answer: the start failed ({named}"), shown
         await pilot.press("q")
     assert app.return_code == 0
-
-
-@pytest.mark.asyncio
-async def test_the_app_ending_without_q_still_stops_listening_and_closes_the_devices(pulse, monkeypatch):
-    """An exit that is not q (a failed test, an error): no capture thread or device watch outlives it."""
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
-    s = settings()
-    app = AssistantApp(builder(s), settings=s, gpu=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app.loop is not None and app.session is not None)
-        loop = app.loop
-        app.exit(0)
-        await pilot.pause()
-    assert not loop.capture_thread.is_alive() and not loop.watch.thread.is_alive()
-    assert not pipeline_threads()
-
-
-@pytest.mark.asyncio
-async def test_q_while_models_load_cancels_the_load_and_closes_the_microphone(pulse, monkeypatch):
-    """Q during loading: the load stops at its next step, the app exits, no stream is left open."""
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
-    env = {**os.environ, **pulse}
-    s = settings()
-    steps: list[str] = []
-    app = AssistantApp(builder(s, steps=steps), settings=s, gpu=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: any(step.startswith("loading LLM") for step in steps))
-        assert source_outputs(env), "the microphone should be open while the models load"
-        await pilot.press("q")
-        await pilot.pause()
-        assert "quitting" in screen_text(app)
-        await wait_until(pilot, lambda: app.loader is not None and not app.loader.is_alive(), 60)
-        await pilot.pause()
-    assert app.return_code == 0
-    assert app.session is None and app.loop is None
-    assert "ready" not in steps  # it stopped before the end, at a step boundary
-    assert not source_outputs(env)  # the microphone it had opened is closed
-    assert not pipeline_threads()
 
 
 @pytest.mark.asyncio
