@@ -18,6 +18,7 @@ from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, settle, u
 from bench.echo_rig import echo_path
 
 pytest.importorskip("livekit")
+pytestmark = pytest.mark.usefixtures("quiet_machine")  # the other worker's tests wait meanwhile
 
 LONG_QUESTION = "Tell me about the history of Paris."
 REPLIES_ECHO_ONLY = 20
