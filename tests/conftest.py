@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from store.bundled import DEFAULT_LLM, ModelStore
 from tests.helpers.llm import greedy, make_decoder
+from tests.helpers.quiet import holding
 from tests.helpers.tts import PARIS
 
 torch.set_num_threads(2)
@@ -184,37 +183,13 @@ def pytest_runtest_setup(item):
         os.nice(19 - os.nice(0))
 
 
-def _quiet_lock() -> Path | None:
-    """The lock file of this run's workers (none outside pytest-xdist)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    return Path(tempfile.gettempdir()) / f"assistant-tests-{run}.quiet" if run else None
-
-
-@pytest.fixture(scope="module")
-def quiet_machine():
-    """While the module runs, the other worker starts no compute test (an exclusive file lock).
-
-    For the echo rig's full-duplex scenarios: even at nice 19 the compute worker's load made a
-    reply's playback underrun once in three runs, and its echo was then heard as speech.
-    """
-    path = _quiet_lock()
-    if path is None:
-        yield
-        return
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for the compute test in progress to end
-        yield
-
-
 @pytest.fixture(autouse=True)
 def _compute_yields_to_quiet(request):
-    """A compute test starts only while no ``quiet_machine`` module runs (a shared file lock)."""
-    path = _quiet_lock()
-    if path is None or group_of(request.node.nodeid) != "compute":
+    """A compute test starts only while no ``tests.helpers.quiet.quiet_machine`` block runs."""
+    if group_of(request.node.nodeid) != "compute":
         yield
         return
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
+    with holding(exclusive=False):
         yield
 
 

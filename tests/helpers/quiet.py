@@ -1,0 +1,43 @@
+"""A quiet machine for the few tests that need one, while pytest-xdist runs two workers.
+
+``scripts/test.sh`` runs the tests on the sound devices on one worker beside the compute-bound
+ones on the other (tests/conftest.py). Each compute test holds this run's lock file shared;
+:func:`quiet_machine` holds it exclusively, so while it is held the compute worker starts no
+test (it waits for the one in progress to end). Outside pytest-xdist there is no lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def quiet_lock() -> Path | None:
+    """The lock file of this run's workers (none outside pytest-xdist)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return Path(tempfile.gettempdir()) / f"assistant-tests-{run}.quiet" if run else None
+
+
+@contextmanager
+def holding(exclusive: bool) -> Iterator[None]:
+    """Hold the run's lock, shared (a compute test) or exclusive (:func:`quiet_machine`)."""
+    path = quiet_lock()
+    if path is None:
+        yield
+        return
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+def quiet_machine():
+    """While the block runs, the other worker starts no compute test.
+
+    For the echo rig's full-duplex scenarios: even at nice 19 the compute worker's load made a
+    reply's playback underrun once in three runs, and its echo was then heard as speech.
+    """
+    return holding(exclusive=True)
