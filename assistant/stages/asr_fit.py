@@ -198,10 +198,11 @@ def phrase_logprobs(
 
     Forced decoding through CTranslate2's ``align`` (the pass faster-whisper's word timestamps
     make): Whisper's probability of each token of `` phrase`` given the audio and the tokens
-    before it, on the fitted window. A phrase Whisper would write scores near its own greedy
-    decode; an unrelated one several nats a token below (docs/voice.md, "Full duplex").
+    before it, on the fitted window (``encoded``: :func:`encode_fit`'s output for ``samples``,
+    when the caller has it). A phrase Whisper would write scores near its own greedy decode; an
+    unrelated one several nats a token below (docs/voice.md, "Full duplex").
     """
-    encoded, frames = encode_fit(model, samples, fit)
+    encoded, frames = encoded or encode_fit(model, samples, fit)
     tokenizer = _tokenizer(model, language)
     start = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
     speech_frames = min(frames, samples.size // SAMPLES_PER_FRAME)

@@ -64,11 +64,11 @@ STOPS = frozenset(
 # (:func:`spotted_stop`): "Please stop." under the reply came out "Please come." or "Please up".
 SPOTTED_STOPS = ("Stop.", "Please stop.", "Stop talking.", "Stop it.", "Wait.", "Hold on.", "That's enough.")
 # How far below the heard words' own score (mean log-probability a token) a stop phrase may be
-# and still be what was said: a mangled "Please stop." scored 0.4 under its "Please up"; real
-# words ("Please continue.", "Okay", "What is the capital of Germany?") put every stop phrase
-# 2-7 below (tiny.en, espeak-ng voices, clean and degraded: docs/voice.md "Full duplex").
+# and still be what was said: a mangled "Please stop." scored 0.41 under its "Please up"; real
+# words ("Please continue.", "What about Rome?", "Tell me more.") put every stop phrase 3.4-4.8
+# below (tiny.en on espeak-ng, clean and degraded: python -m bench.stop_spotting).
 STOP_SPOT_MARGIN = 1.0
-SPOT_CANDIDATES = 2  # the stop phrases closest in letters are scored (each a forced decode: ~8 ms)
+SPOT_CANDIDATES = 2  # the stop phrases closest in letters are scored (a forced decode each: ~14 ms)
 MAX_BACKCHANNEL_WORDS = 4  # "oh okay yeah right": longer is more than listening
 MAX_STOP_WORDS = 4  # "stop it please": a request to stop; longer ("Stop. What is ...") is a question
 _SOUNDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "[coughs]", "(laughs)", "*sigh*"

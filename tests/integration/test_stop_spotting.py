@@ -69,3 +69,17 @@ def test_scores_rank_the_words_said_first(asr: Transcriber, tmp_path: Path) -> N
     )
     assert said > other + 1.5 and other > unrelated, (said, other, unrelated)
     assert asr.phrase_logprobs(np.zeros(800, np.float32), ["Stop."]) == [-np.inf]  # 50 ms: no word
+
+
+def test_scoring_reuses_the_encoding_the_words_were_decoded_from(
+    asr: Transcriber, tmp_path: Path, monkeypatch
+) -> None:
+    """The overlap judge transcribes, then scores the same audio: one encoder pass, not two."""
+    import assistant.stages.asr_fit as asr_fit
+
+    audio = spoken(tmp_path, "Please stop.")
+    asr.transcribe(audio, quick=True)
+    encoded_again = []
+    monkeypatch.setattr(asr_fit, "encode_fit", lambda *args: encoded_again.append(args))
+    assert asr.phrase_logprobs(audio, ["Please stop."])[0] > -1.5
+    assert encoded_again == []
