@@ -151,9 +151,12 @@ class WhisperSearch:
         encoded = self.model.model.encoder(features).last_hidden_state
         scores = []
         for tokens in phrases:
+            if not tokens:  # no text: nothing to score
+                scores.append(-float("inf"))
+                continue
             ids = torch.tensor([self.prompt + tokens], device=self.device)
             hidden = self.model.model.decoder(input_ids=ids, encoder_hidden_states=encoded).last_hidden_state
             logprobs = self.model.proj_out(hidden[0, len(self.prompt) - 1 : -1]).float().log_softmax(-1)
             picked = logprobs.gather(1, torch.tensor(tokens, device=self.device)[:, None])
-            scores.append(float(picked.mean()) if tokens else -float("inf"))
+            scores.append(float(picked.mean()))
         return scores

@@ -13,22 +13,7 @@ import numpy as np
 
 from assistant.events import BargeIn, Event, ReplyPaused
 from assistant.stages.audio import AudioSink
-from assistant.turns.engine import (
-    Action,
-    Cancel,
-    Confirm,
-    ContinueTurn,
-    Discard,
-    Emit,
-    Judge,
-    PauseReply,
-    ResumeReply,
-    Start,
-    StopSpeaker,
-)
-from assistant.turns.engine import (
-    BargeIn as BargeInAction,
-)
+from assistant.turns import actions as act
 from assistant.turns.runs import TurnRuns
 from assistant.turns.side_asr import SideTranscripts
 
@@ -53,45 +38,45 @@ class Carrier:
         self.emit = emit
         self.started = started
 
-    def apply(self, actions: list[Action]) -> None:
+    def apply(self, actions: list[act.Action]) -> None:
         """Carry out ``actions`` in order (the caller holds the floor lock)."""
         for action in actions:
-            if isinstance(action, Start):
+            if isinstance(action, act.Start):
                 self.started(action.turn_id)
                 self.runs.start(action)
-            elif isinstance(action, Confirm):
+            elif isinstance(action, act.Confirm):
                 self.runs[action.attempt].gate.confirm()
-            elif isinstance(action, Discard):
+            elif isinstance(action, act.Discard):
                 run = self.runs[action.attempt]
                 run.gate.discard(action.reason)  # nothing of this reply plays
                 run.cancel.set()
-            elif isinstance(action, Cancel):
+            elif isinstance(action, act.Cancel):
                 self.runs[action.attempt].cancel.set()
-            elif isinstance(action, BargeInAction):
+            elif isinstance(action, act.BargeIn):
                 self.runs[action.attempt].cancel.set()
                 stopped_ns = action.paused_t_ns or time.monotonic_ns()
                 self.emit(BargeIn(action.turn_id, stopped_ns, action.onset_t_ns, self.latency_ms()))
-            elif isinstance(action, PauseReply):
+            elif isinstance(action, act.PauseReply):
                 if self.speaker is not None:
                     self.speaker.pause()
                 now, latency_ms = time.monotonic_ns(), self.latency_ms()
                 self.emit(
                     ReplyPaused(action.turn_id, now, action.onset_t_ns, action.overlap_turn, latency_ms)
                 )
-            elif isinstance(action, ResumeReply):
+            elif isinstance(action, act.ResumeReply):
                 if self.speaker is not None:
                     self.speaker.resume()
-            elif isinstance(action, ContinueTurn):
+            elif isinstance(action, act.ContinueTurn):
                 run = self.runs[action.attempt]
                 run.gate.join_next(action.hold)  # its speech joins the next turn; its reply is dropped
                 run.cancel.set()
-            elif isinstance(action, Judge):
+            elif isinstance(action, act.Judge):
                 assert isinstance(action.audio, np.ndarray)
                 self.side.judge(action.turn_id, action.audio)
-            elif isinstance(action, StopSpeaker):
+            elif isinstance(action, act.StopSpeaker):
                 if self.speaker is not None:
                     self.speaker.stop()
-            elif isinstance(action, Emit):
+            elif isinstance(action, act.Emit):
                 self.emit(action.event)
 
     def latency_ms(self) -> float:

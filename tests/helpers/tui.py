@@ -41,6 +41,13 @@ def rescan_audio_devices() -> None:
     sd._initialize()
 
 
+def sound_server_env(monkeypatch, env: dict[str, str]) -> None:
+    """Reach the sound server of ``env`` (the virtual PulseAudio's variables) from this process."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    rescan_audio_devices()
+
+
 def no_audio_env(monkeypatch, tmp_path) -> None:
     """As on a machine without a sound server (PortAudio lists no devices)."""
     for key in list(os.environ):

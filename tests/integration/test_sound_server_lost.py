@@ -28,7 +28,7 @@ from assistant.tui.conversation import Conversation
 from bench.speech import numbered_sentences, speak
 from tests.helpers.screen import screen_text
 from tests.helpers.sound_server import App, Pulse
-from tests.helpers.tui import builder, pipeline_threads, rescan_audio_devices, settings, wait_until
+from tests.helpers.tui import builder, pipeline_threads, settings, sound_server_env, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "virtual-audio.sh")
@@ -198,9 +198,7 @@ def test_hung_server_is_reported_as_a_stall_reopened_when_it_answers_and_sigterm
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_ui_reports_the_loss_keeps_typed_turns_working_and_reports_the_return(server, monkeypatch):
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
+    sound_server_env(monkeypatch, server.env)
     s = settings()
     app = AssistantApp(builder(s), settings=s, gpu=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -262,9 +260,7 @@ def test_a_late_callback_on_a_busy_machine_does_not_lose_the_speaker_and_a_hang_
     waits ~1.6 s like a new stream; the stall watchdog used to call that a stall, so the
     reply playing was cut ("speaker lost") on a loaded machine, mostly on the first turns.
     """
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
+    sound_server_env(monkeypatch, server.env)
     speaker = LateSpeaker(AudioOptions())
     events: list = []
     watch = DeviceWatch([speaker], events.append, lambda: 1)

@@ -20,6 +20,7 @@ from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.turns.hearing import Hearing
 from assistant.turns.overlap import judge
 from bench.duplex_rig import utterance
+from bench.stop_spotting import suppressed_middle
 from store.bundled import ModelStore
 
 pytestmark = pytest.mark.slow
@@ -28,15 +29,6 @@ pytestmark = pytest.mark.slow
 def spoken(folder: Path, text: str) -> np.ndarray:
     samples, _rate = soundfile.read(utterance(folder, text, text.split()[-1].strip(".?")), dtype="float32")
     return samples
-
-
-def suppressed_middle(samples: np.ndarray, ms: int = 150, db: float = -25) -> np.ndarray:
-    """``samples`` with ``ms`` in the middle of the speech taken down by ``db`` (double-talk suppression)."""
-    loud = np.flatnonzero(np.abs(samples) > 0.02)
-    middle, half = (loud[0] + loud[-1]) // 2, ms * 8
-    out = samples.copy()
-    out[middle - half : middle + half] *= 10 ** (db / 20)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -261,11 +261,9 @@ def test_speech_resumed_during_speculative_generation_discards_it_unplayed(
 async def test_partial_transcript_shows_while_the_user_speaks(pulse, audio_dir, monkeypatch):
     """A 5 s question into the virtual mic: words appear before the final transcript (Pilot)."""
     from assistant.tui.app import AssistantApp
-    from tests.helpers.tui import builder, rescan_audio_devices, settings, wait_until
+    from tests.helpers.tui import builder, settings, sound_server_env, wait_until
 
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
+    sound_server_env(monkeypatch, pulse)
     text = "Could you please tell me what the capital city of France is, and why so many people visit it?"
     wav = write_wav(audio_dir / "long.wav", np.concatenate([speak(text, audio_dir, "long"), silence(0.5)]))
     s = settings(**{"decoder.backend": "pytorch", "turn.partials": "on"})  # auto is off on 2 cores

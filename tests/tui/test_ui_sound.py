@@ -13,15 +13,13 @@ from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
 from assistant.tui.conversation import Conversation
 from assistant.tui.status import StatusBar
 from tests.helpers.screen import screen_text
-from tests.helpers.tui import builder, pipeline_threads, rescan_audio_devices, settings, wait_until
+from tests.helpers.tui import builder, pipeline_threads, settings, sound_server_env, wait_until
 
 
 @pytest.mark.asyncio
 async def test_spoken_turn_on_the_virtual_mic_hears_answers_and_mutes(pulse, question_wav, monkeypatch):
     """The question spoken into the virtual mic: hearing, transcript, reply, breakdown; m mutes it."""
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
+    sound_server_env(monkeypatch, pulse)
     s = settings()
     app = AssistantApp(builder(s), settings=s, gpu=False)
     env = {**os.environ, **pulse}
@@ -80,9 +78,7 @@ def source_outputs(env) -> list[str]:
 @pytest.mark.asyncio
 async def test_the_app_ending_without_q_still_stops_listening_and_closes_the_devices(pulse, monkeypatch):
     """An exit that is not q (a failed test, an error): no capture thread or device watch outlives it."""
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
+    sound_server_env(monkeypatch, pulse)
     s = settings()
     app = AssistantApp(builder(s), settings=s, gpu=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -97,9 +93,7 @@ async def test_the_app_ending_without_q_still_stops_listening_and_closes_the_dev
 @pytest.mark.asyncio
 async def test_q_while_models_load_cancels_the_load_and_closes_the_microphone(pulse, monkeypatch):
     """Q during loading: the load stops at its next step, the app exits, no stream is left open."""
-    for key, value in pulse.items():
-        monkeypatch.setenv(key, value)
-    rescan_audio_devices()
+    sound_server_env(monkeypatch, pulse)
     env = {**os.environ, **pulse}
     s = settings()
     steps: list[str] = []
