@@ -97,30 +97,37 @@ class Live:
                 self.lines.append(line)
 
 
-def wait_for_event(path: Path, proc: subprocess.Popen, turn: int, name: str, timeout_s: float = 180) -> None:
-    """Poll the ``--events`` file until ``turn`` has event ``name`` (the loop prints nothing meanwhile)."""
+def _poll_events(path: Path, proc: subprocess.Popen, found, what: str, timeout_s: float):
+    """Poll the ``--events`` file until ``found(events)`` returns something; that (else: kill, fail)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        lines = path.read_text().splitlines() if path.exists() else []
-        if any(e["event"] == name and e["turn_id"] == turn for e in map(json.loads, lines)):
-            return
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if (result := found(events)) is not None:
+            return result
         time.sleep(0.05)
     proc.kill()
-    raise AssertionError(f"no {name} of turn {turn}: {proc.communicate()[1][-2000:]}")
+    raise AssertionError(f"no {what}: {proc.communicate()[1][-2000:]}")
+
+
+def wait_for_event(path: Path, proc: subprocess.Popen, turn: int, name: str, timeout_s: float = 180) -> None:
+    """Poll the ``--events`` file until ``turn`` has event ``name`` (the loop prints nothing meanwhile)."""
+
+    def found(events: list[dict]) -> bool | None:
+        return any(e["event"] == name and e["turn_id"] == turn for e in events) or None
+
+    _poll_events(path, proc, found, f"{name} of turn {turn}", timeout_s)
 
 
 def wait_for_answer(path: Path, proc: subprocess.Popen, word: str, timeout_s: float = 180) -> int:
     """Poll the ``--events`` file until the turn whose transcript has ``word`` is done; its id."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def found(events: list[dict]) -> int | None:
         said = [e for e in events if e["event"] == "TranscriptReady" and word in e["text"].lower()]
         heard = [e["turn_id"] for e in said]
-        if heard and any(e["event"] == "TurnDone" and e["turn_id"] == heard[-1] for e in events):
-            return heard[-1]
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"no answered turn with {word!r}: {proc.communicate()[1][-2000:]}")
+        done = heard and any(e["event"] == "TurnDone" and e["turn_id"] == heard[-1] for e in events)
+        return heard[-1] if done else None
+
+    return _poll_events(path, proc, found, f"answered turn with {word!r}", timeout_s)
 
 
 def sound_bursts(audio, gap_s: float = 0.4, level: float = 1e-3) -> list[tuple[float, float]]:
