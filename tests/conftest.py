@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -183,14 +184,24 @@ def pytest_runtest_setup(item):
         os.nice(19 - os.nice(0))
 
 
-@pytest.fixture(autouse=True)
-def _compute_yields_to_quiet(request):
-    """A compute test starts only while no ``tests.helpers.quiet.quiet_machine`` block runs."""
-    if group_of(request.node.nodeid) != "compute":
-        yield
-        return
-    with holding(exclusive=False):
-        yield
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A compute test runs only while no ``quiet`` test runs, and a ``quiet`` test alone.
+
+    Under pytest-xdist every compute test holds the run's lock shared and a test marked
+    ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
+    whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
+    corpus transcribed, an ONNX export, a rig's scenarios played) runs before any
+    function-scoped fixture would take it, and it is often the heaviest part of a test.
+    """
+    if group_of(item.nodeid) == "compute":
+        lock = holding(exclusive=False)
+    elif item.get_closest_marker("quiet"):
+        lock = holding(exclusive=True)
+    else:
+        lock = nullcontext()
+    with lock:
+        return (yield)
 
 
 @pytest.fixture(scope="session")

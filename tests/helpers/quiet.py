@@ -1,9 +1,13 @@
 """A quiet machine for the few tests that need one, while pytest-xdist runs two workers.
 
 ``scripts/test.sh`` runs the tests on the sound devices on one worker beside the compute-bound
-ones on the other (tests/conftest.py). Each compute test holds this run's lock file shared;
-:func:`quiet_machine` holds it exclusively, so while it is held the compute worker starts no
-test (it waits for the one in progress to end). Outside pytest-xdist there is no lock.
+ones on the other (tests/conftest.py). Each compute test holds this run's lock file shared; a
+test marked ``quiet`` holds it exclusively, so while it runs the compute worker starts no test
+(it waits for the one in progress to end). Outside pytest-xdist there is no lock.
+
+Mark ``quiet`` the tests whose outcome depends on the timing of live audio: even at nice 19
+the compute worker's load made a reply's playback underrun (its echo then heard as speech),
+AEC3 take a word whole, or a pause end later than the endpointer's silence.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ def quiet_lock() -> Path | None:
 
 @contextmanager
 def holding(exclusive: bool) -> Iterator[None]:
-    """Hold the run's lock, shared (a compute test) or exclusive (:func:`quiet_machine`)."""
+    """Hold the run's lock, shared (a compute test) or exclusive (a ``quiet`` test)."""
     path = quiet_lock()
     if path is None:
         yield
@@ -32,12 +36,3 @@ def holding(exclusive: bool) -> Iterator[None]:
     with path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
-
-
-def quiet_machine():
-    """While the block runs, the other worker starts no compute test.
-
-    For the echo rig's full-duplex scenarios: even at nice 19 the compute worker's load made a
-    reply's playback underrun once in three runs, and its echo was then heard as speech.
-    """
-    return holding(exclusive=True)

@@ -16,9 +16,9 @@ import pytest
 
 from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, settle, utterance
 from bench.echo_rig import echo_path
-from tests.helpers.quiet import quiet_machine
 
 pytest.importorskip("livekit")
+pytestmark = pytest.mark.quiet  # the rig's echo path and the spoken scenarios (tests/helpers/quiet.py)
 
 LONG_QUESTION = "Tell me about the history of Paris."
 REPLIES_ECHO_ONLY = 20
@@ -53,7 +53,7 @@ def typed_replies(
 
 @pytest.fixture(scope="module")
 def echo_only(pulse, tmp_path_factory) -> tuple[LiveApp, str]:
-    with quiet_machine(), echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
+    with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
         return typed_replies(pulse, tmp_path_factory.mktemp("echo-only"), REPLIES_ECHO_ONLY)
 
 
@@ -124,7 +124,7 @@ def spoken(pulse, tmp_path_factory) -> Spoken:
         "second half": utterance(folder, "how many days are in a week?", "rest"),
     }
     cough = burst(folder)
-    with quiet_machine(), echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
+    with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
         app = LiveApp(pulse, folder, "--max-new-tokens", "40")
         run = Spoken(app)
         try:
