@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +20,9 @@ from assistant.events import (
     SpeechStarted,
     TurnDecision,
 )
+from assistant.stages.silero import CHUNK_MS, CHUNK_NS, CHUNK_SAMPLES, SileroStream
 from assistant.stages.streams import SAMPLE_RATE_HZ
 
-CHUNK_SAMPLES = 512  # what Silero v6 takes at 16 kHz: 32 ms
-CONTEXT_SAMPLES = 64  # samples of the previous chunk the model sees in front of each chunk
-CHUNK_NS = CHUNK_SAMPLES * 1_000_000_000 // SAMPLE_RATE_HZ
-CHUNK_MS = CHUNK_NS / 1e6
 CUT_CONTEXT_S = 8  # audio before a length cut that the end-of-turn policy still hears (Smart Turn reads 8 s)
 QUIET_SPAN_CHUNKS = 3  # a chunk's quietness: mean energy of it and its neighbours (96 ms, not a stop gap)
 
@@ -79,42 +75,6 @@ class FixedSilence:
         """Nothing to forget."""
 
 
-def silero_model_path() -> str:
-    """The Silero VAD v6 ONNX file inside the faster-whisper package."""
-    from faster_whisper.utils import get_assets_path
-
-    return os.path.join(get_assets_path(), "silero_vad_v6.onnx")
-
-
-class SileroStream:
-    """Silero VAD run chunk by chunk, carrying its recurrent state between calls."""
-
-    def __init__(self, model_path: str | None = None) -> None:
-        import onnxruntime
-
-        opts = onnxruntime.SessionOptions()
-        opts.inter_op_num_threads = 1
-        opts.intra_op_num_threads = 1
-        opts.log_severity_level = 4
-        self.session = onnxruntime.InferenceSession(
-            model_path or silero_model_path(), providers=["CPUExecutionProvider"], sess_options=opts
-        )
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the recurrent state (start of a new stream)."""
-        self.h = np.zeros((1, 1, 128), np.float32)
-        self.c = np.zeros((1, 1, 128), np.float32)
-        self.context = np.zeros(CONTEXT_SAMPLES, np.float32)
-
-    def __call__(self, chunk: np.ndarray) -> float:
-        """Speech probability of one 512-sample chunk."""
-        window = np.concatenate([self.context, chunk])[None, :]
-        prob, self.h, self.c = self.session.run(None, {"input": window, "h": self.h, "c": self.c})
-        self.context = chunk[-CONTEXT_SAMPLES:]
-        return float(prob.reshape(-1)[0])
-
-
 def quiet_cut(chunks: list[np.ndarray], search_ms: float) -> int:
     """How many chunks to keep: through the quietest one among the last ``search_ms``.
 
@@ -132,12 +92,48 @@ def quiet_cut(chunks: list[np.ndarray], search_ms: float) -> int:
     return lo + int(np.argmin(quiet)) + 2  # keep through the quietest chunk
 
 
-class Endpointer:
-    """Turns a stream of 16 kHz samples into speech events.
+class ChunkFeeder:
+    """Cuts a stream of 16 kHz samples into 32 ms chunks, each with the time it ended.
 
     Feed it any number of samples with the monotonic time at which the last of them was
-    captured; it runs the VAD per 32 ms chunk and keeps its own buffers. Events: ``SpeechOnset``
-    (``onset_ms`` of speech), ``SpeechStarted`` (``min_speech_ms``: a turn), ``SpeechPaused``
+    captured; each complete chunk goes to :meth:`_step`, the rest waits for the next feed.
+    """
+
+    def __init__(self) -> None:
+        self.pending = np.zeros(0, np.float32)
+
+    def feed(self, samples: np.ndarray, t_ns: int) -> list[Event]:
+        """Add samples (float32 mono 16 kHz) captured up to ``t_ns``; return finished events."""
+        self.pending = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
+        n_chunks = self.pending.size // CHUNK_SAMPLES
+        events: list[Event] = []
+        # Time of the end of each complete chunk, counting back from the newest sample.
+        t_first_end = t_ns - (self.pending.size - CHUNK_SAMPLES) * 1_000_000_000 // SAMPLE_RATE_HZ
+        for i in range(n_chunks):
+            chunk = self.pending[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+            events.extend(self._step(chunk, t_first_end + i * CHUNK_NS))
+        self.pending = self.pending[n_chunks * CHUNK_SAMPLES :].copy()
+        return events
+
+    def feed_recording(self, audio: np.ndarray, t0_ns: int = 0, block: int = CHUNK_SAMPLES) -> list[Event]:
+        """Feed a whole recording in ``block``-sample pieces, as if captured from ``t0_ns`` on."""
+        events: list[Event] = []
+        for start in range(0, audio.size, block):
+            piece = audio[start : start + block]
+            t_ns = t0_ns + (start + piece.size) * 1_000_000_000 // SAMPLE_RATE_HZ
+            events.extend(self.feed(piece, t_ns))
+        return events
+
+    def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
+        """The events of one chunk that ended at ``t_end_ns`` (the subclass's work)."""
+        raise NotImplementedError
+
+
+class Endpointer(ChunkFeeder):
+    """Turns a stream of 16 kHz samples into speech events.
+
+    It runs the VAD per 32 ms chunk (:class:`ChunkFeeder`) and keeps its own buffers. Events:
+    ``SpeechOnset`` (``onset_ms`` of speech), ``SpeechStarted`` (``min_speech_ms``: a turn), ``SpeechPaused``
     (``pause_ms`` of silence, at most the policy's), ``TurnDecision`` (the policy looked), ``SpeechResumed``
     (speech again after a pause, ``onset_ms`` long), ``SpeechEnded`` (the policy said the
     turn is complete, or ``max_utterance_s`` cut it: ``cut``) and ``OnsetEnded`` (an onset that
@@ -158,12 +154,12 @@ class Endpointer:
         policy: EndOfTurn | None = None,
         pause_ms: int | None = None,
     ) -> None:
+        super().__init__()
         self.options = options
         self.model = model or SileroStream()
         self.policy: EndOfTurn = policy or FixedSilence(options.end_silence_ms)
         # SpeechPaused (where speculation starts) may come before the policy's first look.
         self.pause_ms = min(pause_ms or self.policy.pause_ms, self.policy.pause_ms)
-        self.pending = np.zeros(0, np.float32)
         pre_chunks = max(1, options.pre_roll_ms * SAMPLE_RATE_HZ // 1000 // CHUNK_SAMPLES)
         self.pre_roll: deque[np.ndarray] = deque(maxlen=pre_chunks)
         self.next_turn_id = 1
@@ -196,28 +192,6 @@ class Endpointer:
     def seal(self) -> None:
         """The last turn is being answered aloud: later speech starts a new turn."""
         self.closed = None
-
-    def feed(self, samples: np.ndarray, t_ns: int) -> list[Event]:
-        """Add samples (float32 mono 16 kHz) captured up to ``t_ns``; return finished events."""
-        self.pending = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
-        n_chunks = self.pending.size // CHUNK_SAMPLES
-        events: list[Event] = []
-        # Time of the end of each complete chunk, counting back from the newest sample.
-        t_first_end = t_ns - (self.pending.size - CHUNK_SAMPLES) * 1_000_000_000 // SAMPLE_RATE_HZ
-        for i in range(n_chunks):
-            chunk = self.pending[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
-            events.extend(self._step(chunk, t_first_end + i * CHUNK_NS))
-        self.pending = self.pending[n_chunks * CHUNK_SAMPLES :].copy()
-        return events
-
-    def feed_recording(self, audio: np.ndarray, t0_ns: int = 0, block: int = CHUNK_SAMPLES) -> list[Event]:
-        """Feed a whole recording in ``block``-sample pieces, as if captured from ``t0_ns`` on."""
-        events: list[Event] = []
-        for start in range(0, audio.size, block):
-            piece = audio[start : start + block]
-            t_ns = t0_ns + (start + piece.size) * 1_000_000_000 // SAMPLE_RATE_HZ
-            events.extend(self.feed(piece, t_ns))
-        return events
 
     def _audio(self) -> np.ndarray:
         """The utterance for ASR: empty when it only continues a cut and holds no speech."""

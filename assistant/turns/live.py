@@ -15,11 +15,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from assistant.events import MicLevel, SpeechEnded
+from assistant.events import Event, MicLevel, SpeechEnded
 from assistant.stages.audio import AudioSink, Microphone, Speaker
-from assistant.stages.devices import DeviceLostError, DeviceWatch
+from assistant.stages.devices import DeviceWatch
 from assistant.stages.endpoint import TurnOptions
 from assistant.stages.vad import Endpointer
+from assistant.turns.capture import Capture
 from assistant.turns.carry_out import Carrier
 from assistant.turns.duplex import Duplex
 from assistant.turns.engine import Action, MicBlock, TurnEngine, TurnRules
@@ -42,16 +43,15 @@ class LiveLoop:
     (full duplex): speech over a reply pauses it, and a judge thread transcribes that speech
     for the engine to resume, stop, cut or continue the reply (:class:`Judge`).
 
-    ``listening`` and ``muted`` gate the microphone (both must allow it); ``on_level``
-    receives a ``MicLevel`` about every 100 ms while capturing. Typed messages go through
-    ``submit_text`` so that they take turns with spoken ones. Without a microphone (and
-    endpointer) only typed turns run; without a speaker replies are not spoken.
+    ``listening`` and ``muted`` gate the microphone (both must allow it); the microphone is
+    read by a :class:`~assistant.turns.capture.Capture` (``on_level`` gets its levels). Typed
+    messages go through ``submit_text`` so that they take turns with spoken ones. Without a
+    microphone (and endpointer) only typed turns run; without a speaker replies are not spoken.
 
-    Lost devices (the sound server went away) are reported and reopened by a
-    :class:`~assistant.stages.devices.DeviceWatch`. While the microphone is lost nothing is heard
-    (speech in progress, and speech held from its length cuts, is dropped: ``TurnCancelled``
-    ``microphone lost``); while the speaker is lost, replies are text only. Typed turns
-    work throughout.
+    Lost devices are reported and reopened by a :class:`~assistant.stages.devices.DeviceWatch`.
+    While the microphone is lost nothing is heard (speech in progress and speech held from its
+    length cuts are dropped: ``TurnCancelled`` ``microphone lost``); while the speaker is lost,
+    replies are text only. Typed turns work throughout.
     """
 
     def __init__(
@@ -65,24 +65,13 @@ class LiveLoop:
         duplex: Duplex | None = None,
     ) -> None:
         self.pipeline = pipeline
-        self.mic = microphone
         self.speaker = speaker
         self.endpointer = endpointer
-        self.on_level = on_level
         self.turn = turn or TurnOptions()
         self.listening = True
         self.muted = False
         self.stop_event = threading.Event()
-        # "auto" is resolved by the session (with_partials_resolved); here it counts as on.
-        partials = self.turn.partials != "off" and self.turn.partial_interval_ms > 0
-        rules = TurnRules(
-            pipeline.options.barge_in,
-            self.turn.speculate,
-            partials,
-            self.turn.partial_interval_ms,
-            self.turn.continuation_ms,
-        )
-        self.engine = TurnEngine(rules)
+        self.engine = TurnEngine(TurnRules.of(pipeline.options.barge_in, self.turn))
         self.duplex = duplex
         if duplex is not None and duplex.canceller is not None:
             pipeline.echo_report = duplex.report
@@ -91,7 +80,23 @@ class LiveLoop:
         self.current_turn = 0
         self._ids = threading.Lock()
         self._next_id = 1  # without an endpointer, turn ids come from here
-        self.capture_thread = threading.Thread(target=self._capture, name="capture")
+        self.capture = (
+            None
+            if microphone is None or endpointer is None
+            else Capture(
+                microphone,
+                endpointer,
+                duplex,
+                self._ids,
+                self.stop_event,
+                self._gate,
+                self._heard,
+                self._mic_lost,
+                self._maybe_partial,
+                lambda: self.current_turn,
+                on_level,
+            )
+        )
         self.side = SideTranscripts(pipeline, self._overlap_heard)
         self.carrier = Carrier(self.runs, speaker, self.side, pipeline.emit, self._started)
         watched = [d for d in (microphone, speaker) if isinstance(d, Microphone | Speaker)]
@@ -99,11 +104,11 @@ class LiveLoop:
 
     def start(self) -> None:
         """Start capturing (``stop()`` ends and joins everything)."""
-        if self.mic is not None and self.endpointer is not None:
-            self.mic.start()
+        if self.capture is not None:
+            self.capture.mic.start()
             if self.duplex is not None:  # before the capture thread: it owns the canceller after
                 self.duplex.start(self.pipeline.emit)
-            self.capture_thread.start()
+            self.capture.thread.start()
             self.side.start(self.engine.rules.partials)
         self.watch.start()
 
@@ -132,58 +137,21 @@ class LiveLoop:
             self.endpointer.next_turn_id += 1
             return turn
 
-    def _capture(self) -> None:
-        assert self.mic is not None and self.endpointer is not None  # start() checked
-        lost = False
-        level_due_ns = 0
-        while not self.stop_event.is_set():
-            try:
-                block = self.mic.read(0.1)
-            except DeviceLostError:
-                if not lost:  # once per loss; the watch reports it and reopens the device
-                    lost = True
-                    self._drop_speech()
-                self.stop_event.wait(0.1)
-                continue
-            lost = False
-            if block is None:
-                continue
-            if self.duplex is not None:
-                block = self.duplex.clean(*block)
-                if not block[0].size:
-                    continue
-            if self.on_level is not None and block[1] >= level_due_ns:
-                level_due_ns = block[1] + 100_000_000
-                rms = float(np.sqrt(np.mean(np.square(block[0])))) if block[0].size else 0.0
-                self.on_level(MicLevel(self.current_turn, block[1], 20 * np.log10(max(rms, 1e-6))))
-            probing = self.duplex is not None and self.duplex.probing(block[1])  # hearing the probe
-            with self.floor:
-                self.engine.echo_ok = self.duplex is not None and self.duplex.full_duplex
-                decision = self.engine.mic_block(closed=self.muted or not self.listening or probing)
-            if decision is MicBlock.IGNORE:
-                continue
-            if decision is MicBlock.RESTART:
-                self.endpointer.reset()
-                self.mic.drain()
-                continue
-            with self._ids:
-                if decision is MicBlock.FEED_SEALED:
-                    self.endpointer.seal()
-                events = self.endpointer.feed(*block)
-            for event in events:
-                self.pipeline.emit(event)  # first: a turn started for it must find it emitted
-                with self.floor:
-                    self._apply(self.engine.handle(event, time.monotonic_ns()))
-            self._maybe_partial()
+    def _gate(self, probing: bool) -> MicBlock:
+        """The engine's decision for a microphone block (``probing``: the echo probe is heard)."""
+        with self.floor:
+            self.engine.echo_ok = self.duplex is not None and self.duplex.full_duplex
+            return self.engine.mic_block(closed=self.muted or not self.listening or probing)
 
-    def _drop_speech(self) -> None:
-        """The microphone was lost: forget the speech in progress and any work started on it."""
-        assert self.endpointer is not None and self.mic is not None
-        with self._ids:
-            turn = self.endpointer.turn_id
-            self.endpointer.reset()
+    def _heard(self, event: Event) -> None:
+        """An endpointer event: emitted first (a turn started for it must find it), then decided."""
+        self.pipeline.emit(event)
+        with self.floor:
+            self._apply(self.engine.handle(event, time.monotonic_ns()))
+
+    def _mic_lost(self, turn: int) -> None:
+        """The capture thread forgot turn ``turn``'s speech: drop what is held and work started."""
         held = self.pipeline.hearing.drop_held()
-        self.mic.drain()
         with self.floor:
             self._apply(self.engine.microphone_lost(turn, held, time.monotonic_ns()))
 
@@ -252,8 +220,8 @@ class LiveLoop:
         self.stop_event.set()
         self.interrupt()
         self.watch.stop()
-        if self.capture_thread.is_alive():
-            self.capture_thread.join()
+        if self.capture is not None and self.capture.thread.is_alive():
+            self.capture.thread.join()
         self.side.stop()
         with self.floor:
             threads = self.runs.threads()

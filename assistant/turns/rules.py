@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from assistant.config.sections import TurnOptions
+
 BARGE_IN_MODES = ("auto", "on", "off")
 
 
@@ -31,6 +33,12 @@ class TurnRules:
     def __post_init__(self) -> None:
         if self.barge_in not in BARGE_IN_MODES:
             raise ValueError(f"barge-in {self.barge_in!r}: use one of {', '.join(BARGE_IN_MODES)}")
+
+    @classmethod
+    def of(cls, barge_in: str, turn: TurnOptions) -> TurnRules:
+        """The rules of the settings; partials ``auto`` counts as on (the session resolves it)."""
+        partials = turn.partials != "off" and turn.partial_interval_ms > 0
+        return cls(barge_in, turn.speculate, partials, turn.partial_interval_ms, turn.continuation_ms)
 
 
 @dataclass
