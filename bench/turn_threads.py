@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="passes over the questions")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    store = ModelStore(ModelSettings().store)
+    store = ModelStore(ModelSettings().store_dir)
     asrs = {n: Transcriber(AsrOptions(cpu_threads=n), store) for n in (1, 2)}
     turns = {n: SmartTurn.from_store(store, threads=n) for n in (1, 2)}
     for model in [*asrs.values(), *turns.values()]:

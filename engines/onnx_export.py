@@ -25,7 +25,7 @@ past per step (SmolLM2 fp16: 23 KB per cached token, against 270 MB of weights r
 
 Cache layout under the model folder::
 
-    onnx/decoder-<dtype>-<key>/decoder.onnx   (+ decoder.onnx.data above 2 GB of weights)
+    onnx/decoder-<dtype>-<key>/decoder.onnx   the graph (its weights in decoder.onnx.data)
     onnx/decoder-<dtype>-<key>/export.json    sha256 and size of each file; written last
     onnx/hashes.json                          sha256 memo of the weights and export files,
                                               keyed by size + mtime (store.records.HashMemo)

@@ -11,6 +11,7 @@ import difflib
 
 import pytest
 
+from assistant.stages import asr
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.asr_fit import FitWindow
 from bench.corpus import SHORT_QUESTIONS, VOICES
@@ -81,3 +82,27 @@ def test_a_floor_that_makes_tiny_en_repeat_itself_falls_back(store, questions):
     r = short.transcribe(audio)
     assert r.fell_back and short.fallbacks == 1
     assert normalize(r.text) == normalize(text)
+
+
+def test_the_warm_up_takes_the_path_a_turn_takes(models, monkeypatch):
+    """The fitted window warms up on itself (55 ms), not on the 30 s window (280 ms a start)."""
+    full, fit = models
+    windows: list[str] = []
+    fitted, whole = asr.decode_fit, fit.model.transcribe
+
+    def counted_fit(*args, **kwargs):
+        windows.append("fit")
+        return fitted(*args, **kwargs)
+
+    def counted_whole(*args, **kwargs):
+        windows.append("full")
+        return whole(*args, **kwargs)
+
+    monkeypatch.setattr(asr, "decode_fit", counted_fit)
+    monkeypatch.setattr(fit.model, "transcribe", counted_whole)
+    fit.warm_up()
+    assert windows == ["fit"]
+    windows.clear()
+    monkeypatch.setattr(full.model, "transcribe", counted_whole)
+    full.warm_up()
+    assert windows == ["full"]
