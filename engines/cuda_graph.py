@@ -139,6 +139,29 @@ class _Ahead:
 Compute = Callable[..., torch.Tensor]
 
 
+def capture_graph(
+    run: Callable[[], None], pool: Any, inputs: Sequence[torch.Tensor], graphs: list[torch.cuda.CUDAGraph]
+) -> Callable[[], None]:
+    """``run`` captured as a CUDA graph in ``pool`` (appended to ``graphs``); returns its replay.
+
+    Two warm-up runs on a side stream first (compilation, cuBLAS handles and workspaces must
+    exist before capture), with ``inputs`` zeroed: the warm-ups write K/V at their positions.
+    """
+    for tensor in inputs:
+        tensor.zero_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        run()
+    graphs.append(graph)
+    return graph.replay
+
+
 class CudaGraphStep:
     """A :class:`~engines.base.TokenStepModel` that replays one CUDA graph per step shape.
 
@@ -254,29 +277,15 @@ class CudaGraphStep:
         # Decode windows first, then prefill from the largest bucket: the pool is sized by the
         # largest graph and the smaller ones reuse its memory.
         pool = torch.cuda.graph_pool_handle()
+        inputs = (self.prefill.tensor, self.step_input.tensor)
         for w in self.windows:
-            self.decodes[w] = self._capture(self.decodes[w], pool)
-            self.chains[w] = self._capture(self.chains[w], pool)
+            self.decodes[w] = capture_graph(self.decodes[w], pool, inputs, self.graphs)
+            self.chains[w] = capture_graph(self.chains[w], pool, inputs, self.graphs)
         for t in reversed(self.buckets):
-            self.runs[t] = self._capture(self.runs[t], pool)
+            self.runs[t] = capture_graph(self.runs[t], pool, inputs, self.graphs)
         torch.cuda.synchronize()
         for layer in (*self.cache.k, *self.cache.v):  # the warm-up runs wrote the first slots
             layer.zero_()
-
-    def _capture(self, run: Callable[[], None], pool: Any) -> Callable[[], None]:
-        for upload in (self.prefill, self.step_input):  # warm-ups write K/V at these positions
-            upload.tensor.zero_()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compile, cuBLAS handles and workspaces before capture
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            run()
-        self.graphs.append(graph)
-        return graph.replay
 
     def window_for(self, position: int) -> int:
         """The decode window (KV slots) a token at ``position`` runs in: the smallest > it."""

@@ -93,6 +93,26 @@ def _runtime_config(flavour: Flavour, engine: Any, runtime_cache: Path | None, c
     return handle
 
 
+def profile_contexts(engine: Any, handle: Any, profiles: int, stream: Stream) -> list[Any]:
+    """One execution context per optimization profile, each set to its profile on ``stream``.
+
+    Raises:
+        EngineRuntimeError: TensorRT could not create a context or refused its profile.
+    """
+    contexts = []
+    for profile in range(profiles):
+        context = create_context(engine, handle)
+        if context is None:
+            raise EngineRuntimeError("TensorRT could not create an execution context (GPU memory?)")
+        contexts.append(context)
+        if not context.set_optimization_profile_async(profile, stream.handle):
+            raise EngineRuntimeError(
+                f"TensorRT refused set_optimization_profile_async({profile}) "
+                f"(the engine has {profiles} profile(s))"
+            )
+    return contexts
+
+
 class TensorRTStep:
     """A :class:`~engines.base.StepModel` over a deserialized engine.
 
@@ -157,16 +177,7 @@ class TensorRTStep:
 
     def _allocate(self, profiles: int, cuda_graphs: bool) -> None:
         config = self.config
-        for profile in range(profiles):
-            context = create_context(self.engine, self.handle)
-            if context is None:
-                raise EngineRuntimeError("TensorRT could not create an execution context (GPU memory?)")
-            self.contexts.append(context)
-            if not context.set_optimization_profile_async(profile, self.stream.handle):
-                raise EngineRuntimeError(
-                    f"TensorRT refused set_optimization_profile_async({profile}) "
-                    f"(the engine has {profiles} profile(s))"
-                )
+        self.contexts = profile_contexts(self.engine, self.handle, profiles, self.stream)
         self.memory = StepTensors(config, self.capacity_tokens, self.row_bytes)
         m = self.memory
         self.kv, self.ids, self.positions, self.logits = m.kv, m.ids, m.positions, m.logits
