@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             block = mic.read(0.1)
             if block is None:
                 continue
-            samples, _t, _words = duplex.clean(*block)
+            samples, _t = duplex.clean(*block)
             raw.append(block[0])
             cleaned.append(samples)
         erle, delay = duplex.report()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -59,20 +59,6 @@ class EchoStats:
     converged: bool
     far_frames: int  # 10 ms frames processed while the far end played
     echo_loss_db: float | None = None
-
-
-class Cancelled(NamedTuple):
-    """One near-end block without the echo, two ways (float32, the same length and times).
-
-    ``heard``: for the VAD, with what is left of the echo under the residual gate silenced
-    (:meth:`EchoCanceller._gate_residual`), so the reply's leftover echo is not taken for
-    speech. ``words``: for ASR, AEC3's output ungated: the gate also silences the soft start of
-    a word spoken over a loud reply ("Stop" heard as "top"), which ASR needs and the leftover
-    echo, 30 dB under the reply, does not spoil.
-    """
-
-    heard: np.ndarray
-    words: np.ndarray
 
 
 def load_processor(options: EchoOptions) -> Any:
@@ -189,13 +175,6 @@ class EchoCanceller:
     def process(self, samples: np.ndarray, t_ns: int) -> np.ndarray:
         """Cancel the echo in near-end ``samples`` captured from ``t_ns``; float32 out.
 
-        The signal to listen for speech in (:attr:`Cancelled.heard`) of :meth:`cancel`.
-        """
-        return self.cancel(samples, t_ns).heard
-
-    def cancel(self, samples: np.ndarray, t_ns: int) -> Cancelled:
-        """Cancel the echo in near-end ``samples`` captured from ``t_ns`` (see :class:`Cancelled`).
-
         Returns the whole 10 ms frames completed so far: up to 159 samples wait for the next
         block, so the output runs up to 10 ms behind the input. Blocks follow each other by
         their sample count; one whose time is more than :data:`NEAR_GAP_SAMPLES` off (blocks
@@ -212,16 +191,15 @@ class EchoCanceller:
         else:
             self._pending = np.concatenate([self._pending, pcm])
         frames = len(self._pending) // FRAME_SAMPLES
-        heard = np.empty(frames * FRAME_SAMPLES, np.float32)
-        words = np.empty(frames * FRAME_SAMPLES, np.float32)
+        out = np.empty(frames * FRAME_SAMPLES, np.float32)
         for i in range(frames):
             s = slice(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)
-            heard[s], words[s] = self._frame(self._pending[s], self._next + i * FRAME_SAMPLES)
+            out[s] = self._frame(self._pending[s], self._next + i * FRAME_SAMPLES)
         self._pending = self._pending[frames * FRAME_SAMPLES :]
         self._next += frames * FRAME_SAMPLES
-        return Cancelled(heard, words)
+        return out
 
-    def _frame(self, near: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    def _frame(self, near: np.ndarray, start: int) -> np.ndarray:
         far = self._far_frame(start)
         rtc = self._rtc
         self._apm.process_reverse_stream(rtc.AudioFrame(far.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES))
@@ -240,9 +218,8 @@ class EchoCanceller:
             if self._far_frames % DELAY_EVERY_FRAMES == 0:
                 self._estimate_delay()
         if self.echo_free:
-            return near_f, near_f
-        heard = self._gate_residual(out, near_f)
-        return heard, near_f if heard is near_f else out
+            return near_f
+        return self._gate_residual(out, near_f)
 
     def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> np.ndarray:
         """Silence what is left of the echo: output ``residual_gate_db`` under what just played.

@@ -97,33 +97,22 @@ class ChunkFeeder:
 
     Feed it any number of samples with the monotonic time at which the last of them was
     captured; each complete chunk goes to :meth:`_step`, the rest waits for the next feed.
-    ``words``, when given, are the same samples as ASR should hear them (the echo canceller's
-    output before its residual gate: :class:`~assistant.stages.echo.Cancelled`); they are cut
-    alongside and handed to :meth:`_step` with each chunk.
     """
 
     def __init__(self) -> None:
         self.pending = np.zeros(0, np.float32)
-        self.pending_words = np.zeros(0, np.float32)
 
-    def feed(self, samples: np.ndarray, t_ns: int, words: np.ndarray | None = None) -> list[Event]:
+    def feed(self, samples: np.ndarray, t_ns: int) -> list[Event]:
         """Add samples (float32 mono 16 kHz) captured up to ``t_ns``; return finished events."""
-        samples = samples.astype(np.float32, copy=False)
-        words = samples if words is None else words.astype(np.float32, copy=False)
-        if words.size != samples.size:
-            raise ValueError(f"words ({words.size} samples) must match the samples ({samples.size})")
-        self.pending = np.concatenate([self.pending, samples])
-        self.pending_words = np.concatenate([self.pending_words, words])
+        self.pending = np.concatenate([self.pending, samples.astype(np.float32, copy=False)])
         n_chunks = self.pending.size // CHUNK_SAMPLES
         events: list[Event] = []
         # Time of the end of each complete chunk, counting back from the newest sample.
         t_first_end = t_ns - (self.pending.size - CHUNK_SAMPLES) * 1_000_000_000 // SAMPLE_RATE_HZ
         for i in range(n_chunks):
-            piece = slice(i * CHUNK_SAMPLES, (i + 1) * CHUNK_SAMPLES)
-            t_end_ns = t_first_end + i * CHUNK_NS
-            events.extend(self._step(self.pending[piece], t_end_ns, self.pending_words[piece]))
+            chunk = self.pending[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+            events.extend(self._step(chunk, t_first_end + i * CHUNK_NS))
         self.pending = self.pending[n_chunks * CHUNK_SAMPLES :].copy()
-        self.pending_words = self.pending_words[n_chunks * CHUNK_SAMPLES :].copy()
         return events
 
     def feed_recording(self, audio: np.ndarray, t0_ns: int = 0, block: int = CHUNK_SAMPLES) -> list[Event]:
@@ -135,7 +124,7 @@ class ChunkFeeder:
             events.extend(self.feed(piece, t_ns))
         return events
 
-    def _step(self, chunk: np.ndarray, t_end_ns: int, words: np.ndarray) -> list[Event]:
+    def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
         """The events of one chunk that ended at ``t_end_ns`` (the subclass's work)."""
         raise NotImplementedError
 
@@ -196,7 +185,6 @@ class Endpointer(ChunkFeeder):
         """Drop any partial utterance and VAD state (e.g. after the mic was muted)."""
         self.model.reset()
         self.pending = np.zeros(0, np.float32)
-        self.pending_words = np.zeros(0, np.float32)
         self.pre_roll.clear()
         self.closed = None
         self._reset_utterance()
@@ -215,20 +203,19 @@ class Endpointer(ChunkFeeder):
         """What the end-of-turn policy hears: the utterance, after a cut with the audio before it."""
         return np.concatenate(self.context + self.chunks)
 
-    def _step(self, chunk: np.ndarray, t_end_ns: int, words: np.ndarray) -> list[Event]:
-        """The VAD hears ``chunk``; the utterance (for ASR and Smart Turn) keeps ``words``."""
+    def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
         opts = self.options
         prob = self.model(chunk)
         speech = prob >= opts.threshold or (self.in_speech and prob >= opts.neg_threshold)
         if not self.in_speech:
             if not speech:
-                self.pre_roll.append(words)
+                self.pre_roll.append(chunk)
                 return []
             self.in_speech = True
             self.onset_t_ns = t_end_ns - CHUNK_NS
             self.chunks = list(self.pre_roll)
             self.flags = [False] * len(self.chunks)
-        self.chunks.append(words)
+        self.chunks.append(chunk)
         self.flags.append(speech)
         events: list[Event] = []
         onset_chunks = max(1, round(opts.onset_ms / CHUNK_MS))

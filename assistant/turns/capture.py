@@ -74,16 +74,14 @@ class Capture:
             lost = False
             if block is None:
                 continue
-            samples, t_ns = block
-            words = samples
             if self.duplex is not None:
-                samples, t_ns, words = self.duplex.clean(samples, t_ns)
-                if not samples.size:
+                block = self.duplex.clean(*block)
+                if not block[0].size:
                     continue
-            if self.on_level is not None and t_ns >= level_due_ns:
-                level_due_ns = t_ns + LEVEL_EVERY_NS
-                self.on_level(MicLevel(self.current_turn(), t_ns, level_db(samples)))
-            decision = self.gate(self.duplex is not None and self.duplex.probing(t_ns))
+            if self.on_level is not None and block[1] >= level_due_ns:
+                level_due_ns = block[1] + LEVEL_EVERY_NS
+                self.on_level(MicLevel(self.current_turn(), block[1], level_db(block[0])))
+            decision = self.gate(self.duplex is not None and self.duplex.probing(block[1]))
             if decision is MicBlock.IGNORE:
                 continue
             if decision is MicBlock.RESTART:
@@ -93,7 +91,7 @@ class Capture:
             with self.ids:
                 if decision is MicBlock.FEED_SEALED:
                     self.endpointer.seal()
-                events = self.endpointer.feed(samples, t_ns, words)
+                events = self.endpointer.feed(*block)
             for event in events:
                 self.heard(event)
             self.after_block()

@@ -136,26 +136,24 @@ class Duplex:
         self._erles = []
         return erle, stats.delay_ms if stats is not None else None
 
-    def clean(self, samples: np.ndarray, t_ns: int) -> tuple[np.ndarray, int, np.ndarray]:
-        """The microphone block without the speaker's echo: (heard, time of its last sample, words).
+    def clean(self, samples: np.ndarray, t_ns: int) -> tuple[np.ndarray, int]:
+        """The microphone block without the speaker's echo, and the time of its last sample.
 
-        ``heard`` is for the VAD, ``words`` the same samples for ASR (the residual gate applies
-        to the first only: :class:`~assistant.stages.echo.Cancelled`). ``t_ns`` is when the
-        block's last sample was delivered. The cancelled signal runs up to 10 ms behind (whole
-        10 ms frames only); the time returned is its own last sample's.
+        ``t_ns`` is when the block's last sample was delivered. The cancelled signal runs up to
+        10 ms behind (whole 10 ms frames only); the time returned is its own last sample's.
         """
         canceller = self.canceller
         if canceller is None:
-            return samples, t_ns, samples
+            return samples, t_ns
         self._feed_far_end(until_ns=t_ns + FAR_LEAD_NS)
         mic_latency = self.microphone.input_latency_ns if self.microphone is not None else 0
         first_ns = t_ns - int((samples.size - 1) * 1e9 / SAMPLE_RATE_HZ) - mic_latency
-        out = canceller.cancel(samples, first_ns)
+        out = canceller.process(samples, first_ns)
         behind_ns = int(canceller.pending_samples * 1e9 / SAMPLE_RATE_HZ)
         self._blocks += 1
         if self._blocks % CHECK_EVERY_BLOCKS == 0:
             self._check()
-        return out.heard, t_ns - behind_ns, out.words
+        return out, t_ns - behind_ns
 
     def _feed_far_end(self, until_ns: int) -> None:
         """Hand the canceller what the speaker played up to ``until_ns``.

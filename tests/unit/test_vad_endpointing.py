@@ -99,31 +99,3 @@ def test_noise_raises_no_speech_onset_either():
     rng = np.random.default_rng(1)
     noise = (rng.standard_normal(5 * SAMPLE_RATE_HZ) * 0.1).astype(np.float32)
     assert Endpointer(VadOptions()).feed_recording(noise) == []
-
-
-def test_the_utterance_keeps_the_words_signal_while_the_vad_hears_the_other():
-    """Over a reply the VAD hears the echo canceller's gated output and ASR its ungated one.
-
-    The gate silences a soft onset that ASR needs ("Stop" heard as "top"): here the VAD's
-    signal is loud speech with its first chunk zeroed, the words signal the same speech whole;
-    the utterance handed on is the words signal, its first chunk included.
-    """
-    from tests.helpers.timeline import LoudnessVad
-
-    rng = np.random.default_rng(3)
-    speech = (0.5 * rng.standard_normal(SAMPLE_RATE_HZ)).astype(np.float32)
-    words = np.concatenate([silence(0.5), speech, silence(1.5)])
-    heard = words.copy()
-    onset = int(0.5 * SAMPLE_RATE_HZ)
-    heard[onset : onset + 512] = 0.0  # the residual gate took the word's start
-    endpointer = Endpointer(VadOptions(), model=LoudnessVad())  # type: ignore[arg-type]
-    events = []
-    for start in range(0, words.size, 512):
-        t_ns = 10**12 + int((start + 512) * NS_PER_SAMPLE)
-        events += endpointer.feed(heard[start : start + 512], t_ns, words[start : start + 512])
-    (ended,) = [e for e in events if isinstance(e, SpeechEnded)]
-    kept = ended.audio
-    first = int(np.flatnonzero(kept)[0])
-    assert np.array_equal(kept[first : first + 512], words[onset : onset + 512])  # not the gate's zeros
-    with pytest.raises(ValueError, match="must match"):
-        Endpointer(VadOptions(), model=LoudnessVad()).feed(heard[:512], 0, words[:256])  # type: ignore[arg-type]
