@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     store = ModelStore(ModelSettings().store_dir)
     asrs = {n: Transcriber(AsrOptions(cpu_threads=n), store) for n in (1, 2)}
     turns = {n: SmartTurn.from_store(store, threads=n) for n in (1, 2)}
-    for model in [*asrs.values(), *turns.values()]:
-        model.warm_up()
+    for asr in asrs.values():
+        asr.warm_up()
+    for turn in turns.values():
+        turn.warm_up()
     folder = Path(tempfile.mkdtemp(prefix="bench-turn-threads-"))
     audios = []
     for i, text in enumerate(HELD_OUT):
