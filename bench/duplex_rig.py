@@ -109,9 +109,14 @@ class LiveApp:
         return self.proc.stderr.read() if self.proc.stderr else ""
 
 
-def utterance(folder: Path, text: str, name: str, **voice: object) -> Path:
-    """``text`` spoken (espeak-ng), trimmed, with 0.2 s of silence around it, as a WAV."""
+def utterance(folder: Path, text: str, name: str, gain_db: float = 0.0, **voice: object) -> Path:
+    """``text`` spoken (espeak-ng), trimmed, with 0.2 s of silence around it, as a WAV.
+
+    ``gain_db`` raises (or lowers) the voice, at most to a peak of 0.95 (no clipping).
+    """
     audio = trim(speak(text, folder, f"{name}-espeak", **voice))  # type: ignore[arg-type]
+    peak = float(np.abs(audio).max()) or 1.0
+    audio = audio * min(10 ** (gain_db / 20), 0.95 / peak)
     return write_wav(folder / f"{name}.wav", np.concatenate([silence(0.2), audio, silence(0.2)]))
 
 

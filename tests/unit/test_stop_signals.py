@@ -69,3 +69,37 @@ def test_a_stop_signal_in_the_work_unwinds_with_its_status(monkeypatch) -> None:
     with pytest.raises(SystemExit) as exit_:
         entry.main(["chat"])
     assert exit_.value.code == 128 + signal.SIGTERM and not reached
+
+
+SIGNAL_TO_ANOTHER_THREAD = """
+import signal, subprocess, sys, threading, time
+import assistant.__main__ as entry
+from assistant.modes.serve import wait_for_exit
+
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+other = threading.Thread(target=time.sleep, args=(30,), daemon=True)  # blocks no signal
+other.start()
+
+def work(_argv):
+    # The kernel hands SIGTERM to a thread of its choosing; here, to the other one.
+    threading.Timer(0.5, signal.pthread_kill, (other.ident, signal.SIGTERM)).start()
+    try:
+        return wait_for_exit(server)
+    finally:
+        server.kill()
+
+entry._main = work
+sys.exit(entry.main(["serve"]))
+"""
+
+
+def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_wait_for_the_server() -> None:
+    """``assistant serve`` waited in ``waitpid`` for good when gRPC's thread took the SIGTERM.
+
+    A plain ``wait()`` returns only when the 30 s server does: past this test's 20 s limit.
+    """
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD], timeout=20, capture_output=True)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
