@@ -32,6 +32,7 @@ CHECK_EVERY_BLOCKS = 5  # how often the canceller's convergence is looked at
 PROBE_S = 0.8  # the window the convergence is judged on (0.5 s) needs whole far-end frames
 PROBE_DBFS = -24.0
 PROBE_TAIL_NS = 300_000_000  # the probe's echo and room tail, after it left the speaker
+PROBE_WAIT_S = 3.0  # at most this long for the speaker to write the probe out
 
 
 def probe_signal(seconds: float = PROBE_S, dbfs: float = PROBE_DBFS) -> np.ndarray:
@@ -112,10 +113,37 @@ class Duplex:
             # The models may have loaded before the probe's echo ended: "listening" comes after
             # it, so that nothing the user says then falls under the probe's gate.
             _sleep_ns(self.probe_until_ns - _now())
+            self._await_probe_played()
             with contextlib.suppress(DeviceLostError):  # the capture thread reports it
                 while (block := self.microphone.read(0)) is not None:
                     self.clean(*block)
             self._erles = []  # the probe's: not a reply's
+
+    def _await_probe_played(self) -> None:
+        """Wait until the probe has really left the speaker, and its echo has passed.
+
+        ``probe_until_ns`` was estimated from the stream's reported output latency, which a
+        sound server can exceed: then the probe still played after "listening on", the canceller
+        took the user's first words for its echo and suppressed them ("What is the capital of
+        Italy?" heard as "A capital of Italy."). The time each block left the speaker is in the
+        far end the speaker's callback records: the probe's last sound block sets the end.
+        """
+        speaker = self.speaker
+        if speaker is None or speaker.far_end is None:
+            return
+        with contextlib.suppress(DeviceLostError):
+            speaker.wait(PROBE_WAIT_S)
+        sounding = [(block, t_ns) for block, t_ns in list(speaker.far_end) if np.any(block)]
+        if sounding:
+            block, t_ns = sounding[-1]
+            end_ns = t_ns + len(block) * 1_000_000_000 // speaker.rate_hz + PROBE_TAIL_NS
+            if end_ns > self.probe_until_ns:
+                logger.info(
+                    "echo probe left the speaker %.0f ms later than its output latency said",
+                    (end_ns - self.probe_until_ns) / 1e6,
+                )
+                self.probe_until_ns = end_ns
+            _sleep_ns(self.probe_until_ns - _now())
 
     def probing(self, now_ns: int) -> bool:
         """Whether the microphone may still hear the start-up probe (so it is not listened to)."""

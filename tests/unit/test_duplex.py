@@ -38,6 +38,10 @@ class ScriptedSpeaker:
     def play(self, turn_id: int, audio: np.ndarray) -> None:
         self.played.append(audio)
 
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Everything queued was written out (by the test, into ``far_end``)."""
+        return True
+
 
 @dataclass
 class ScriptedMicrophone:
@@ -149,6 +153,33 @@ def test_start_returns_once_the_probe_can_no_longer_be_heard(monkeypatch) -> Non
     duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
     duplex.play_probe()
     duplex.start(lambda _event: None)
+    assert not duplex.probing(clock["now"])
+
+
+def test_start_waits_for_the_probe_by_when_it_left_the_speaker_not_by_the_reported_latency(
+    monkeypatch,
+) -> None:
+    """A sound server can play later than the stream's reported output latency says.
+
+    Then the probe still played after "listening on", and the canceller suppressed the user's
+    first words as its echo ("What is the capital of Italy?" heard as "A capital of Italy.",
+    the metrics test in CI). The probe's last sound block in the far end, with the time it left
+    the speaker, sets when listening may start.
+    """
+    import assistant.turns.duplex as duplex_module
+
+    clock = {"now": 10**12}
+    monkeypatch.setattr(duplex_module, "_now", lambda: clock["now"])
+    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: clock.__setitem__("now", clock["now"] + ns))
+    speaker, mic = ScriptedSpeaker(output_latency_ms=20), ScriptedMicrophone()
+    duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
+    duplex.play_probe()
+    assert speaker.far_end is not None
+    late_ns = clock["now"] + 2_000_000_000  # its last sound leaves the speaker 2 s from now
+    speaker.far_end.append((np.full(BLOCK, 0.01, np.float32), late_ns))
+    speaker.far_end.append((np.zeros(BLOCK, np.float32), late_ns + BLOCK_NS))  # silence after it
+    duplex.start(lambda _event: None)
+    assert clock["now"] >= late_ns + BLOCK_NS + duplex_module.PROBE_TAIL_NS
     assert not duplex.probing(clock["now"])
 
 
