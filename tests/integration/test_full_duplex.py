@@ -109,40 +109,19 @@ class Spoken:
         return [e for e in self.app.events() if e["event"] == name and e["turn_id"] == turn]
 
 
-@pytest.fixture(scope="module")
-def spoken(pulse, tmp_path_factory) -> Spoken:
-    folder = tmp_path_factory.mktemp("spoken")
+def play_scenarios(pulse: dict[str, str], folder: Path, scenarios: list[tuple[str, Path, float]]) -> Spoken:
+    """Each scenario in turn in one app on the echo rig: the long question (the first half for
+    ``continuation``), then its overlap ``after_s`` into the reply."""
     long_q = utterance(folder, LONG_QUESTION, "long")
-    wavs = {
-        "uh-huh": utterance(folder, "Uh-huh.", "uhhuh"),
-        # A lone "Stop." over the reply loses its start to AEC3's double-talk suppression under
-        # the reply's last 100 ms: tiny.en then hears "Up", "Top", "Please" or nothing (docs/voice.md
-        # says so). The stop word last, as in "please stop", is heard; said firmly (4 dB up, as
-        # people do to stop a talker) so the suppressor takes less of it: at the same level as
-        # the question it came out "being up." once in two-worker CI runs, and bench.stop_requests
-        # stops 4-5 of 5 at that level (docs/benchmarks.md).
-        "stop": utterance(folder, "Please stop.", "stop", gain_db=4),
-        "germany": utterance(folder, "What is the capital of Germany?", "germany"),
-        "first half": utterance(folder, "I would like to know", "first"),
-        "second half": utterance(folder, "how many days are in a week?", "rest"),
-    }
-    cough = burst(folder)
+    first_half = utterance(folder, "I would like to know", "first")
     with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
         app = LiveApp(pulse, folder, "--max-new-tokens", "40")
         run = Spoken(app)
         try:
             app.wait_line("listening on")
-            # Each scenario answers in the same conversation: one heard wrongly (a stop request
-            # answered as a question) shortens the replies after it, so the stop request is last.
-            for scenario, overlap, after_s in (
-                ("backchannel", wavs["uh-huh"], 1.0),
-                ("cough", cough, 1.0),
-                ("barge-in", wavs["germany"], AFTER_WINDOW_S),
-                ("continuation", wavs["second half"], 0.2),
-                ("stop", wavs["stop"], AFTER_WINDOW_S),
-            ):
+            for scenario, overlap, after_s in scenarios:
                 mark = len(app.events())
-                app.say(wavs["first half"] if scenario == "continuation" else long_q)
+                app.say(first_half if scenario == "continuation" else long_q)
                 turn = run.turns[scenario] = next_turn(app, mark)
                 reply_playing(app, turn, mark)
                 time.sleep(after_s)
@@ -153,6 +132,38 @@ def spoken(pulse, tmp_path_factory) -> Spoken:
         finally:
             run.stderr = app.stop()
     return run
+
+
+@pytest.fixture(scope="module")
+def spoken(pulse, tmp_path_factory) -> Spoken:
+    folder = tmp_path_factory.mktemp("spoken")
+    return play_scenarios(
+        pulse,
+        folder,
+        [
+            ("backchannel", utterance(folder, "Uh-huh.", "uhhuh"), 1.0),
+            ("cough", burst(folder), 1.0),
+            ("barge-in", utterance(folder, "What is the capital of Germany?", "germany"), AFTER_WINDOW_S),
+            ("continuation", utterance(folder, "how many days are in a week?", "rest"), 0.2),
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def stop_request(pulse, tmp_path_factory) -> Spoken:
+    """"Please stop." over the reply, in an app of its own: a fresh conversation.
+
+    Late in one long conversation SmolLM2's replies grew too short to speak over (the reply
+    ended before the request), and a request heard wrongly ("being up.") was answered as a
+    question, which shortened the replies after it. A lone "Stop." over the reply loses its
+    start to AEC3's double-talk suppression under the reply's last 100 ms: tiny.en then hears
+    "Up", "Top", "Please" or nothing (docs/voice.md says so). The stop word last, as in "please
+    stop", is heard; said firmly (4 dB up, as people do to stop a talker) so the suppressor
+    takes less of it: at the question's level bench.stop_requests stops 4-5 of 5.
+    """
+    folder = tmp_path_factory.mktemp("stop")
+    stop = utterance(folder, "Please stop.", "stop", gain_db=4)
+    return play_scenarios(pulse, folder, [("stop", stop, AFTER_WINDOW_S)])
 
 
 def test_a_backchannel_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
@@ -172,12 +183,12 @@ def test_a_cough_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
     assert spoken.app.records()[spoken.turns["cough"]]["cancelled"] == ""
 
 
-def test_stop_stops_the_reply_and_is_not_answered(spoken: Spoken) -> None:
-    heard = spoken.of("OverlapHeard", "stop")[-1]
-    assert heard["verdict"] == "stop", (heard["text"], heard["verdict"], spoken.stderr[-1500:])
-    assert spoken.of("BargeIn", "stop")
-    assert spoken.app.records()[spoken.turns["stop"]]["cancelled"] == "interrupted"
-    assert heard["overlap_turn"] not in spoken.app.records()
+def test_stop_stops_the_reply_and_is_not_answered(stop_request: Spoken) -> None:
+    heard = stop_request.of("OverlapHeard", "stop")[-1]
+    assert heard["verdict"] == "stop", (heard["text"], heard["verdict"], stop_request.stderr[-1500:])
+    assert stop_request.of("BargeIn", "stop")
+    assert stop_request.app.records()[stop_request.turns["stop"]]["cancelled"] == "interrupted"
+    assert heard["overlap_turn"] not in stop_request.app.records()
 
 
 def test_speech_over_the_reply_pauses_it_at_its_onset_and_is_answered(spoken: Spoken) -> None:
