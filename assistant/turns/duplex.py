@@ -112,15 +112,15 @@ class Duplex:
         if self.microphone is not None and self.probe_until_ns:
             # The models may have loaded before the probe's echo ended: "listening" comes after
             # it, so that nothing the user says then falls under the probe's gate.
-            _sleep_ns(self.probe_until_ns - _now())
             self._await_probe_played()
+            _sleep_ns(self.probe_until_ns - _now())
             with contextlib.suppress(DeviceLostError):  # the capture thread reports it
                 while (block := self.microphone.read(0)) is not None:
                     self.clean(*block)
             self._erles = []  # the probe's: not a reply's
 
     def _await_probe_played(self) -> None:
-        """Wait until the probe has really left the speaker, and its echo has passed.
+        """Wait until the speaker has written the probe; move ``probe_until_ns`` to its real end.
 
         ``probe_until_ns`` was estimated from the stream's reported output latency, which a
         sound server can exceed: then the probe still played after "listening on", the canceller
@@ -143,7 +143,6 @@ class Duplex:
                     (end_ns - self.probe_until_ns) / 1e6,
                 )
                 self.probe_until_ns = end_ns
-            _sleep_ns(self.probe_until_ns - _now())
 
     def probing(self, now_ns: int) -> bool:
         """Whether the microphone may still hear the start-up probe (so it is not listened to)."""

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+import assistant.turns.duplex as duplex_module
 from assistant.config.sections import EchoOptions
 from assistant.events import EchoState, Event
 from assistant.stages.echo import EchoCanceller, load_processor
-from assistant.turns.duplex import Duplex, probe_signal
+from assistant.turns.duplex import PROBE_TAIL_NS, Duplex, probe_signal
 
 pytest.importorskip("livekit")
 
@@ -41,6 +42,15 @@ class ScriptedSpeaker:
     def wait(self, timeout_s: float | None = None) -> bool:
         """Everything queued was written out (by the test, into ``far_end``)."""
         return True
+
+
+@pytest.fixture
+def clock(monkeypatch) -> dict[str, int]:
+    """The duplex module's clock, scripted: ``clock["now"]``; sleeping moves it on at once."""
+    now = {"now": 10**12}
+    monkeypatch.setattr(duplex_module, "_now", lambda: now["now"])
+    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: now.__setitem__("now", now["now"] + ns))
+    return now
 
 
 @dataclass
@@ -85,8 +95,6 @@ def canceller() -> EchoCanceller:
 
 
 def test_the_probe_converges_the_canceller_before_listening_and_says_full_duplex(monkeypatch) -> None:
-    import assistant.turns.duplex as duplex_module
-
     monkeypatch.setattr(duplex_module, "_sleep_ns", lambda _ns: None)  # its echo is captured already
     speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
     duplex = Duplex(canceller(), "on", speaker, mic, probe=True)  # type: ignore[arg-type]
@@ -137,18 +145,13 @@ def test_while_the_probe_may_be_heard_the_microphone_is_not_the_users() -> None:
     assert duplex.probing(until - 1) and not duplex.probing(until)
 
 
-def test_start_returns_once_the_probe_can_no_longer_be_heard(monkeypatch) -> None:
+def test_start_returns_once_the_probe_can_no_longer_be_heard(clock: dict[str, int]) -> None:
     """Listening is announced after ``start()``: speech then must not fall under the probe's gate.
 
     The models can load faster than the probe plays (a warm cache; the UI's tests): the question
     spoken at "listening" lost its first words ("What is the capital of France?" came out as
     "Love friends.").
     """
-    import assistant.turns.duplex as duplex_module
-
-    clock = {"now": 10**12}
-    monkeypatch.setattr(duplex_module, "_now", lambda: clock["now"])
-    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: clock.__setitem__("now", clock["now"] + ns))
     speaker, mic = ScriptedSpeaker(output_latency_ms=50), ScriptedMicrophone()
     duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
     duplex.play_probe()
@@ -157,7 +160,7 @@ def test_start_returns_once_the_probe_can_no_longer_be_heard(monkeypatch) -> Non
 
 
 def test_start_waits_for_the_probe_by_when_it_left_the_speaker_not_by_the_reported_latency(
-    monkeypatch,
+    clock: dict[str, int],
 ) -> None:
     """A sound server can play later than the stream's reported output latency says.
 
@@ -166,11 +169,6 @@ def test_start_waits_for_the_probe_by_when_it_left_the_speaker_not_by_the_report
     the metrics test in CI). The probe's last sound block in the far end, with the time it left
     the speaker, sets when listening may start.
     """
-    import assistant.turns.duplex as duplex_module
-
-    clock = {"now": 10**12}
-    monkeypatch.setattr(duplex_module, "_now", lambda: clock["now"])
-    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: clock.__setitem__("now", clock["now"] + ns))
     speaker, mic = ScriptedSpeaker(output_latency_ms=20), ScriptedMicrophone()
     duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
     duplex.play_probe()
@@ -179,16 +177,11 @@ def test_start_waits_for_the_probe_by_when_it_left_the_speaker_not_by_the_report
     speaker.far_end.append((np.full(BLOCK, 0.01, np.float32), late_ns))
     speaker.far_end.append((np.zeros(BLOCK, np.float32), late_ns + BLOCK_NS))  # silence after it
     duplex.start(lambda _event: None)
-    assert clock["now"] >= late_ns + BLOCK_NS + duplex_module.PROBE_TAIL_NS
+    assert clock["now"] >= late_ns + BLOCK_NS + PROBE_TAIL_NS
     assert not duplex.probing(clock["now"])
 
 
-def test_start_plays_the_probe_itself_when_it_was_not_played_and_waits_for_it(monkeypatch) -> None:
-    import assistant.turns.duplex as duplex_module
-
-    clock = {"now": 10**12}
-    monkeypatch.setattr(duplex_module, "_now", lambda: clock["now"])
-    monkeypatch.setattr(duplex_module, "_sleep_ns", lambda ns: clock.__setitem__("now", clock["now"] + ns))
+def test_start_plays_the_probe_itself_when_it_was_not_played_and_waits_for_it(clock: dict[str, int]) -> None:
     speaker, mic = ScriptedSpeaker(), ScriptedMicrophone()
     duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
     duplex.start(lambda _event: None)
