@@ -38,16 +38,11 @@ from assistant.stages.asr import Transcriber
 from assistant.stages.smart_turn import SmartTurn
 from bench.corpus import HELD_OUT, VOICES
 from bench.speech import silence, speak
+from bench.startup import p95
 from store.bundled import ModelStore
 
 TURN_AFTER_MS = TurnOptions().pause_ms - TurnOptions().speculate_after_ms  # 72
 SETTINGS = ["asr2+turn1", "asr1+turn1", "asr2+turn2", "asr1+turn2", "turn-first"]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def fresh(audio: np.ndarray) -> np.ndarray:
@@ -136,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for key in ("turn", "asr", "both"):
             if key in values:
-                med, p95 = statistics.median(values[key]), percentile(values[key], 0.95)
-                summary[setting] |= {f"{key}_median_ms": med, f"{key}_p95_ms": p95}
-                cells += [f"{med:9.0f}", f"{p95:9.0f}"]
+                med, tail = statistics.median(values[key]), p95(values[key])
+                summary[setting] |= {f"{key}_median_ms": med, f"{key}_p95_ms": tail}
+                cells += [f"{med:9.0f}", f"{tail:9.0f}"]
             else:
                 cells += [f"{'':>9s}", f"{'':>9s}"]
         print(f"{setting:16s} " + " ".join(cells))
