@@ -94,9 +94,11 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 def _quiet_swallowed_exit(unraisable: Any) -> None:
     """``sys.unraisablehook``: our own swallowed ``SystemExit`` is delivered again, quietly.
 
-    Dropped, the exit let the command go on: a file-mode turn finished and exited 0, and
-    ``assistant serve``, waiting on its Triton server, never stopped (CI: SIGTERM'd, still
-    running after 180 s). A timer thread sends the signal to the main thread again 10 ms later:
+    Dropped, the exit let the command go on: a file-mode turn finished and exited 0 (CI), and
+    a command waiting on something (``assistant serve`` on its Triton server) would wait on.
+    (The serve hang CI saw had another cause: the signal taken by another thread while the main
+    one sat in ``waitpid``; :func:`assistant.modes.serve.wait_for_exit`.) A timer thread sends
+    the signal to the main thread again 10 ms later:
     sent from here, inside the finalizer, its handler would run at once and be swallowed again;
     later it runs once the finalizer has returned, and interrupts a blocking wait too.
     """

@@ -298,9 +298,9 @@ def test_what_a_serve_killed_with_sigkill_left_is_removed_by_the_next_start(tmp_
         again = serve_until_ready(free_port(), {**env, "PYTHONFAULTHANDLER": "1"})
         again.send_signal(signal.SIGTERM)
         try:
-            again.wait(120)  # a swallowed SIGTERM once kept it waiting for good (assistant.__main__)
+            again.wait(120)  # a SIGTERM taken by a gRPC thread once kept it waiting for good
         except subprocess.TimeoutExpired:
-            # Still running (seen in CI, not reproduced alone): SIGABRT makes faulthandler print
+            # Still running (how wait_for_exit was found): SIGABRT makes faulthandler print
             # every thread's stack to its stderr, which the failure then shows.
             again.send_signal(signal.SIGABRT)
             again.wait(30)

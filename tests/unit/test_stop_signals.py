@@ -3,7 +3,9 @@
 The handler raises ``SystemExit`` in the main thread. When the signal lands while that thread
 runs a finalizer (a ``__del__``, a weakref callback), Python prints "Exception ignored" and
 carries on: the command then finished its work and exited 0, as if never signalled (seen in
-CI: ``WeakSet._remove`` swallowed it during a file-mode turn), or waited for good (``serve``).
+CI: ``WeakSet._remove`` swallowed it during a file-mode turn), or would wait on. A signal the
+kernel hands to another thread while the main one blocks in a system call is never acted on at
+all (``serve`` waiting for Triton: the last test).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class SignalledWhileFinalized:
 def test_a_stop_signal_swallowed_by_a_finalizer_is_delivered_again_and_unwinds_the_work(
     monkeypatch, capsys, signum
 ) -> None:
-    """``assistant serve``, waiting on its Triton server, never stopped after such a SIGTERM (CI).
+    """A command waiting (here as serve waits for its server) would wait on after such a SIGTERM.
 
     The exit is delivered again: the work unwinds with the signal's status, before the wait it
     would have gone on to, and quietly (no "Exception ignored" traceback).
