@@ -33,9 +33,11 @@ CLOSE_WAIT_S = 1.0  # at close, how long a stream (or the watch holding it) may 
 
 
 def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
-    """Resample mono float32 audio (speech-grade, no extra dependency).
+    """Resample mono float32 audio (speech-grade, no extra dependency), within [-1, 1].
 
-    Downsampling first low-passes with a windowed sinc; then linear interpolation.
+    Downsampling first low-passes with a windowed sinc; then linear interpolation. The
+    low-pass rings past full scale next to a loud voice's flat-topped peaks (Piper's voice:
+    1.002 seen), so the result is clipped to [-1, 1] like the samples it came from.
     """
     if from_hz == to_hz or audio.size == 0:
         return audio.astype(np.float32, copy=False)
@@ -46,7 +48,8 @@ def resample(audio: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
         audio = np.convolve(audio, taps / taps.sum(), mode="same")
     n_out = int(round(audio.size * to_hz / from_hz))
     t_in = np.arange(n_out) * (from_hz / to_hz)
-    return np.interp(t_in, np.arange(audio.size), audio).astype(np.float32)
+    out = np.interp(t_in, np.arange(audio.size), audio).astype(np.float32)
+    return np.clip(out, -1.0, 1.0, out=out)
 
 
 class DeviceStream:
