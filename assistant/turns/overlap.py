@@ -70,6 +70,7 @@ SPOTTED_STOPS = ("Stop.", "Please stop.", "Stop talking.", "Stop it.", "Wait.", 
 STOP_SPOT_MARGIN = 1.0
 SPOT_CANDIDATES = 2  # the stop phrases closest in letters are scored (a forced decode each: ~14 ms)
 MAX_BACKCHANNEL_WORDS = 4  # "oh okay yeah right": longer is more than listening
+POLITE = frozenset({"please", "no", "okay", "ok", "oh", "now"})  # words said around "stop"
 MAX_STOP_WORDS = 4  # "stop it please": a request to stop; longer ("Stop. What is ...") is a question
 _SOUNDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "[coughs]", "(laughs)", "*sigh*"
 _NOT_WORD = re.compile(r"[^a-z0-9' ]+")
@@ -140,8 +141,15 @@ def starts_with_stop(text: str) -> bool:
 
 
 def _ends_with_stop(words: str) -> bool:
-    """Whether short words end with a request to stop ("please stop", "no, wait", "the end is top")."""
+    """Whether short words end with a request to stop ("please stop", "no, wait", "the end is top").
+
+    A lone "up" ends a stop request only after a polite word ("please up": "please stop" with
+    its "st" taken by the canceller, seen on the echo rig where forced decoding then scored
+    "Please stop." more than :data:`STOP_SPOT_MARGIN` below it); "hurry up" is not one.
+    """
     parts = words.replace("'", "").split()
+    if parts[-1:] == ["up"] and len(parts) > 1 and set(parts[:-1]) <= POLITE:
+        return True
     return any(parts[-len(stop.split()) :] == stop.replace("'", "").split() for stop in STOPS if stop != "up")
 
 

@@ -212,6 +212,11 @@ def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():
         ("The end is top.", OverlapVerdict.STOP),  # "Please stop." over the reply, as heard on the rig
         ("What is at the top", OverlapVerdict.BARGE_IN),  # not short: a question
         ("Top please.", OverlapVerdict.STOP),
+        ("Please up.", OverlapVerdict.STOP),  # "Please stop." with its "st" taken (echo rig, CI)
+        ("No, please up.", OverlapVerdict.STOP),
+        ("Oh, shut up.", OverlapVerdict.STOP),
+        ("Hurry up.", OverlapVerdict.BARGE_IN),  # words that end in "up" are not a stop request
+        ("What's up?", OverlapVerdict.BARGE_IN),
         ("Uh-uh.", OverlapVerdict.BACKCHANNEL),
         ("Wait.", OverlapVerdict.STOP),
         ("Hold on.", OverlapVerdict.STOP),
@@ -230,7 +235,8 @@ def test_what_speech_over_a_reply_is_judged_from_its_words(text: str, verdict: O
     ("text", "worth"),
     [
         ("Please come.", True),  # "Please stop." with its "st" under the canceller's suppression
-        ("Please up", True),
+        ("Please up", False),  # judged a stop request by its words already
+        ("Hold up", True),
         ("What about Rome?", True),
         ("Please stop.", False),  # already a stop request
         ("Uh-huh.", False),  # a backchannel was heard as one
