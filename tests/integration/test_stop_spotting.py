@@ -2,8 +2,9 @@
 
 Real tiny.en (both backends) on espeak-ng speech. Under a playing reply AEC3's double-talk
 suppression takes a stretch out of the user's words ("Please stop." came out "Please come."
-on the echo rig): here 150 ms in the middle of "Please stop." are taken down 25 dB, which
-tiny.en writes as "Please up". Scoring the stop phrases against those words
+on the echo rig): here 250 ms in the middle of "Hold on." are taken down 35 dB, which
+tiny.en writes as "Oh, God." (150 ms of "Please stop." 25 dB down gives "Please up", which
+its words alone now count as a stop request). Scoring the stop phrases against those words
 (``Hearing.transcribe_overlap``) finds the request; real words that are not one are kept.
 """
 
@@ -38,10 +39,19 @@ def asr(store: ModelStore) -> Transcriber:
 
 
 def test_a_stop_request_with_its_middle_suppressed_is_heard_as_one(asr: Transcriber, tmp_path: Path) -> None:
-    audio = suppressed_middle(spoken(tmp_path, "Please stop."))
+    audio = suppressed_middle(spoken(tmp_path, "Hold on."), ms=250, db=-35)
     greedy = asr.transcribe(audio, quick=True).text
     assert judge(greedy) is OverlapVerdict.BARGE_IN, greedy  # mangled: the words alone are no stop request
-    assert Hearing(asr, lambda _event: None).transcribe_overlap(audio) == "Please stop.", greedy
+    assert Hearing(asr, lambda _event: None).transcribe_overlap(audio) == "Hold on.", greedy
+
+
+def test_please_stop_with_its_middle_suppressed_is_a_stop_request_by_its_words(
+    asr: Transcriber, tmp_path: Path
+) -> None:
+    heard = Hearing(asr, lambda _event: None).transcribe_overlap(
+        suppressed_middle(spoken(tmp_path, "Please stop."))
+    )
+    assert judge(heard) is OverlapVerdict.STOP, heard
 
 
 @pytest.mark.parametrize(
