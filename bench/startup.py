@@ -13,23 +13,34 @@ builds it, so two checkouts sharing one store would replace each other's export 
 
 Modes: ``chat`` (``assistant chat < /dev/null`` until "assistant ready"), ``live``
 (``assistant run --no-tui`` on the virtual devices of ``scripts/virtual-audio.sh`` until
-"listening on") and ``run`` (``assistant run --no-tui --input q.wav --output r.wav`` until its
-first line on stdout, the turn's transcript; ``q.wav`` is made with espeak-ng and sox).
+"listening on"), ``ui`` (``assistant`` in a 120x40 pseudo-terminal on the same devices, until
+its status bar says LISTENING) and ``run`` (``assistant run --no-tui --input q.wav --output
+r.wav`` until its first line on stdout, the turn's transcript; ``q.wav`` is made with
+espeak-ng and sox).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import pty
+import select
+import shlex
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 
 READY = {"chat": "assistant ready", "live": "listening on"}  # the line each mode is ready at
+UI_READY = b"LISTENING"  # the UI's status bar once the microphone is open
+UI_SIZE = (40, 120)  # rows, columns of the pseudo-terminal
+UI_TIMEOUT_S = 60.0
 ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/virtual-audio.sh
 
 
@@ -61,7 +72,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def time_once(
-    checkout: Path, store: Path, mode: str, wav: Path, out_dir: Path, audio_env: dict[str, str]
+    checkout: Path,
+    store: Path,
+    mode: str,
+    wav: Path,
+    out_dir: Path,
+    audio_env: dict[str, str],
+    extra: tuple[str, ...] = (),
 ) -> tuple[float, float]:
     """Seconds from starting the command to its ready line, and the CPU seconds it used by then.
 
@@ -69,12 +86,15 @@ def time_once(
     user waits, and grows with the load. The process is stopped at its ready line.
     """
     args = {
+        "ui": [],  # the default command: the UI on the devices
         "chat": ["chat"],
         "live": ["run", "--no-tui"],  # the live loop on the virtual devices, until it listens
         "run": ["run", "--no-tui", "--input", str(wav), "--output", str(out_dir / "r.wav")],
     }[mode]
-    args += ["--store", str(store)]
+    args += ["--store", str(store), *extra]
     env = {**os.environ, **audio_env, "PYTHONPATH": str(checkout)}
+    if mode == "ui":
+        return time_ui(checkout, args, env)
     start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "assistant", *args],
@@ -96,47 +116,90 @@ def time_once(
         proc.wait()
 
 
+def time_ui(checkout: Path, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """:func:`time_once` for the UI: run it in a pseudo-terminal and read its screen's bytes.
+
+    Textual draws the status bar's state as one run of text, so LISTENING appears whole in the
+    stream once the first frame after the microphone opened is written.
+    """
+    main_fd, tty_fd = pty.openpty()
+    fcntl.ioctl(tty_fd, termios.TIOCSWINSZ, struct.pack("HHHH", *UI_SIZE, 0, 0))
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "assistant", *args],
+        stdin=tty_fd,
+        stdout=tty_fd,
+        stderr=tty_fd,
+        cwd=checkout,
+        env={**env, "TERM": "xterm-256color", "COLUMNS": str(UI_SIZE[1]), "LINES": str(UI_SIZE[0])},
+        start_new_session=True,
+    )
+    os.close(tty_fd)
+    screen = b""
+    try:
+        while time.monotonic() - start < UI_TIMEOUT_S:
+            if select.select([main_fd], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(main_fd, 65536)
+                except OSError:  # the UI ended: its side of the terminal is closed
+                    break
+                screen = screen[-len(UI_READY) :] + chunk
+                if UI_READY in screen:
+                    return time.monotonic() - start, cpu_seconds(proc.pid)
+            elif proc.poll() is not None:
+                break
+        raise RuntimeError(f"{checkout}: the UI did not say {UI_READY.decode()} in {UI_TIMEOUT_S:.0f} s")
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(main_fd)
+
+
 def p95(values: list[float]) -> float:
     """The 95th percentile (nearest rank)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure, print the table, write the JSON; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, required=True, help="checkout before the change")
-    parser.add_argument("--after", type=Path, default=Path.cwd(), help="checkout after (default: here)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument(
-        "--modes", default="chat,run", help="of chat, run (file mode), live (needs PulseAudio)"
-    )
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--source-store", type=Path, default=Path.home() / ".cache" / "assistant")
-    parser.add_argument("--stores", type=Path, default=Path("/tmp/measure-startup-stores"))
-    args = parser.parse_args(argv)
-    checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
-    stores = {label: link_store(args.source_store, args.stores / label) for label in checkouts}
+def awake_speaker(audio_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Silence played on the virtual speaker at 20 ms latency, so that its sink never idles.
+
+    A PulseAudio null sink with no stream sleeps in 2 s blocks: a new stream's first sound then
+    waits up to ~1.6 s, which a sound card's sink (or PipeWire's graph) does not make it wait.
+    The app's start-up echo probe is held that long on the virtual devices.
+    """
+    command = ["pacat", "--playback", "-d", "spk", "--latency-msec=20", "--raw", "--format=s16le"]
+    command += ["--rate=16000", "--channels=1", "--stream-name=bench-awake"]
+    with open("/dev/zero", "rb") as zeros:
+        proc = subprocess.Popen(
+            command, stdin=zeros, stdout=subprocess.DEVNULL, env={**os.environ, **audio_env}
+        )
+    time.sleep(0.5)  # connected and playing
+    if proc.poll() is not None:
+        sys.exit(f"pacat ended at once (status {proc.returncode}): cannot keep the speaker awake")
+    return proc
+
+
+def measure(
+    args: argparse.Namespace,
+    checkouts: dict[str, Path],
+    stores: dict[str, Path],
+    audio_env: dict[str, str],
+    extra: tuple[str, ...],
+) -> dict[str, dict]:
+    """Every mode's runs, printed as a table; returns the table."""
     results: dict[str, dict[str, list[float]]] = {}
     cpu_results: dict[str, dict[str, list[float]]] = {}
-    audio_env: dict[str, str] = {}
-    if "live" in args.modes.split(","):  # the private PulseAudio of scripts/virtual-audio.sh
-        started = subprocess.run(
-            [str(ROOT / "scripts/virtual-audio.sh"), "start"], capture_output=True, text=True
-        )
-        if started.returncode:
-            sys.exit(started.stderr)
-        audio_env = dict(kv.split("=", 1) for kv in started.stdout.split()[1:])
     with tempfile.TemporaryDirectory() as tmp:
         wav = question_wav(Path(tmp))
         for mode in args.modes.split(","):
             runs: dict[str, list[float]] = {label: [] for label in checkouts}
             cpu: dict[str, list[float]] = {label: [] for label in checkouts}
             for label, checkout in checkouts.items():  # warm-up, not counted
-                time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env)
+                time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env, extra)
             for _ in range(args.runs):  # alternating, so load on the machine hits both alike
                 for label, checkout in checkouts.items():
-                    wall_s, cpu_s = time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env)
+                    wall_s, cpu_s = time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env, extra)
                     runs[label].append(wall_s)
                     cpu[label].append(cpu_s)
             results[mode] = runs
@@ -158,6 +221,50 @@ def main(argv: list[str] | None = None) -> int:
                 f"{mode:6} {label:8} {row['median_s']:9.2f} {row['p95_s']:7.2f} "
                 f"{row['cpu_median_s']:6.2f}  {listed}"
             )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print the table, write the JSON; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="checkout before the change")
+    parser.add_argument("--after", type=Path, default=Path.cwd(), help="checkout after (default: here)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--modes",
+        default="chat,run",
+        help="of chat, run (file mode), live and ui (both on the virtual devices: PulseAudio)",
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--awake-speaker",
+        action="store_true",
+        help="keep the virtual speaker's sink awake (silence at 20 ms) as a sound card's is",
+    )
+    parser.add_argument(
+        "--app-args", default="", help='more arguments for every run, e.g. "--echo off" (one string)'
+    )
+    parser.add_argument("--source-store", type=Path, default=Path.home() / ".cache" / "assistant")
+    parser.add_argument("--stores", type=Path, default=Path("/tmp/measure-startup-stores"))
+    args = parser.parse_args(argv)
+    checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
+    extra = tuple(shlex.split(args.app_args))
+    stores = {label: link_store(args.source_store, args.stores / label) for label in checkouts}
+    audio_env: dict[str, str] = {}
+    if {"live", "ui"} & set(args.modes.split(",")):  # the private PulseAudio of scripts/virtual-audio.sh
+        started = subprocess.run(
+            [str(ROOT / "scripts/virtual-audio.sh"), "start"], capture_output=True, text=True
+        )
+        if started.returncode:
+            sys.exit(started.stderr)
+        audio_env = dict(kv.split("=", 1) for kv in started.stdout.split()[1:])
+    awake = awake_speaker(audio_env) if args.awake_speaker and audio_env else None
+    try:
+        table = measure(args, checkouts, stores, audio_env, extra)
+    finally:
+        if awake is not None:
+            awake.kill()
+            awake.wait()
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
