@@ -161,22 +161,23 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def awake_speaker(audio_env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Silence played on the virtual speaker at 20 ms latency, so that its sink never idles.
+def awake_sink(audio_env: dict[str, str], sink: str) -> subprocess.Popen[bytes]:
+    """Silence played into ``sink`` at 20 ms latency, so that the null sink never idles.
 
-    A PulseAudio null sink with no stream sleeps in 2 s blocks: a new stream's first sound then
-    waits up to ~1.6 s, which a sound card's sink (or PipeWire's graph) does not make it wait.
-    The app's start-up echo probe is held that long on the virtual devices.
+    A PulseAudio null sink with no stream sleeps in 2 s blocks. On the speaker (``spk``) a new
+    stream's first sound then waits up to ~1.6 s, which holds the app's start-up echo probe; on
+    the microphone's feed (``micfeed``) PortAudio's capture of its monitor spins a core until
+    sound flows. A sound card's sink, or PipeWire's graph, does neither.
     """
-    command = ["pacat", "--playback", "-d", "spk", "--latency-msec=20", "--raw", "--format=s16le"]
-    command += ["--rate=16000", "--channels=1", "--stream-name=bench-awake"]
+    command = ["pacat", "--playback", "-d", sink, "--latency-msec=20", "--raw", "--format=s16le"]
+    command += ["--rate=16000", "--channels=1", f"--stream-name=bench-awake-{sink}"]
     with open("/dev/zero", "rb") as zeros:
         proc = subprocess.Popen(
             command, stdin=zeros, stdout=subprocess.DEVNULL, env={**os.environ, **audio_env}
         )
     time.sleep(0.5)  # connected and playing
     if proc.poll() is not None:
-        sys.exit(f"pacat ended at once (status {proc.returncode}): cannot keep the speaker awake")
+        sys.exit(f"pacat ended at once (status {proc.returncode}): cannot keep {sink} awake")
     return proc
 
 
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the virtual speaker's sink awake (silence at 20 ms) as a sound card's is",
     )
     parser.add_argument(
+        "--awake-microphone",
+        action="store_true",
+        help="keep the virtual microphone's feed awake likewise (silence: nothing is heard)",
+    )
+    parser.add_argument(
         "--app-args", default="", help='more arguments for every run, e.g. "--echo off" (one string)'
     )
     parser.add_argument("--source-store", type=Path, default=Path.home() / ".cache" / "assistant")
@@ -258,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         if started.returncode:
             sys.exit(started.stderr)
         audio_env = dict(kv.split("=", 1) for kv in started.stdout.split()[1:])
-    awake = awake_speaker(audio_env) if args.awake_speaker and audio_env else None
+    sinks = [name for name, on in (("spk", args.awake_speaker), ("micfeed", args.awake_microphone)) if on]
+    awake = [awake_sink(audio_env, sink) for sink in sinks] if audio_env else []
     try:
         table = measure(args, checkouts, stores, audio_env, extra)
     finally:
-        if awake is not None:
-            awake.kill()
-            awake.wait()
+        for proc in awake:
+            proc.kill()
+            proc.wait()
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
