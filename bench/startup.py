@@ -265,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(started.stderr)
         audio_env = dict(kv.split("=", 1) for kv in started.stdout.split()[1:])
     sinks = [name for name, on in (("spk", args.awake_speaker), ("micfeed", args.awake_microphone)) if on]
-    awake = [awake_sink(audio_env, sink) for sink in sinks] if audio_env else []
+    awake: list[subprocess.Popen[bytes]] = []
     try:
+        for sink in sinks if audio_env else []:
+            awake.append(awake_sink(audio_env, sink))  # one by one: a failure stops those started
         table = measure(args, checkouts, stores, audio_env, extra)
     finally:
         for proc in awake:
