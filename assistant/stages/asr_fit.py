@@ -247,12 +247,42 @@ def keep_first(
     """
     if passes(rest, silence_passes=False):
         return False
-    result, avg_logprob, _, _ = first
-    if len(result.sequences_ids[0]) > TOKENS_SLACK + TOKENS_PER_S * audio_s:
-        return False
-    if short and repeated(text):
-        return False
-    return avg_logprob >= min(LOG_PROB_MIN, rest[1])
+    return not looped(first, text, audio_s, short) and first[1] >= min(LOG_PROB_MIN, rest[1])
+
+
+def sure_of_first(first: tuple[Any, float, float, float], text: str, audio_s: float, short: bool) -> bool:
+    """Whether the temperature-0 decode ``first`` is kept without sampling the other temperatures.
+
+    When it failed the checks only for compressing too well (repetitive speech) and is
+    confident, within the token bound and no loop by :func:`looped`, where no stretch may be
+    said three times over word for word. Genuinely repetitive speech still varies ("Sentence
+    number one. The quick brown fox ... Sentence number two. The quick brown fox ..."), a
+    decoder's loop does not. Sampling five more temperatures, best of 5 each, cost ~10 s of a
+    30 s window on 2 cores and could only swap the likeliest decode for a less likely one.
+    """
+    _, avg_logprob, _, ratio = first
+    repetitive = ratio > COMPRESSION_RATIO_MAX and avg_logprob >= LOG_PROB_MIN
+    return repetitive and not looped(first, text, audio_s, short) and periodic(text) is None
+
+
+def looped(first: tuple[Any, float, float, float], text: str, audio_s: float, short: bool) -> bool:
+    """More tokens than ``audio_s`` of speech can hold, or (a ``short`` utterance) a phrase said twice."""
+    if len(first[0].sequences_ids[0]) > TOKENS_SLACK + TOKENS_PER_S * audio_s:
+        return True
+    return short and repeated(text) is not None
+
+
+def periodic(text: str, times: int = 3) -> str | None:
+    """A stretch of words said ``times`` times in a row, word for word (a decoder's loop), or ``None``."""
+    words = re.findall(r"[\w']+", text.lower())
+    for period in range(1, len(words) // times + 1):
+        run = 0  # words so far equal to the word a period later
+        for i in range(len(words) - period):
+            run = run + 1 if words[i] == words[i + period] else 0
+            if run >= (times - 1) * period:
+                first = i + 1 - run
+                return " ".join(words[first : first + period])
+    return None
 
 
 def unclear(segment: Any, last_temperature: float = LAST_TEMPERATURE) -> bool:

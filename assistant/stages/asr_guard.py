@@ -7,10 +7,11 @@ repetitive speech (fourteen sentences that differ by one number: ratio 3.6 at te
 0, log-probability -0.26) lost to a random temperature-1.0 sample (log-probability -1.8):
 either invented text ("Return 27-1 6-0 with 7% ...") or, with the no-speech rule, nothing
 for the whole window. :class:`GuardedWhisper` keeps the most likely decode (temperature 0)
-when it is confident or at least as likely as the samples, and not a loop
-(``asr_fit.keep_first``); otherwise the window's segments keep the failed temperature, and
-``asr_fit.unclear`` finds them so that the caller drops their text and says that the
-stretch could not be transcribed.
+without sampling when it failed only for compressing too well, is confident and repeats no
+stretch word for word (``asr_fit.sure_of_first``); after sampling, when it is confident or at
+least as likely as the samples, and not a loop (``asr_fit.keep_first``). Otherwise the
+window's segments keep the failed temperature, and ``asr_fit.unclear`` finds them so that
+the caller drops their text and says that the stretch could not be transcribed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from faster_whisper import WhisperModel
 
-from assistant.stages.asr_fit import keep_first, passes
+from assistant.stages.asr_fit import keep_first, passes, sure_of_first
 
 
 class GuardedWhisper(WhisperModel):
@@ -35,16 +36,21 @@ class GuardedWhisper(WhisperModel):
     def generate_with_fallback(
         self, encoder_output: Any, prompt: list[int], tokenizer: Any, options: Any
     ) -> tuple[Any, float, float, float]:
-        """Temperature 0 first; the other temperatures only if it fails; then ``keep_first`` decides."""
+        """Temperature 0 first; the other temperatures only if it fails and is not ``sure_of_first``.
+
+        Then ``keep_first`` decides between the two.
+        """
         temperatures = list(options.temperatures)
         first = super().generate_with_fallback(
             encoder_output, prompt, tokenizer, dataclasses.replace(options, temperatures=temperatures[:1])
         )
         if passes(first) or len(temperatures) == 1:
             return first
+        text = tokenizer.decode(first[0].sequences_ids[0])
+        short = bool(options.without_timestamps)
+        if sure_of_first(first, text, self.audio_s, short):
+            return first
         rest = super().generate_with_fallback(
             encoder_output, prompt, tokenizer, dataclasses.replace(options, temperatures=temperatures[1:])
         )
-        text = tokenizer.decode(first[0].sequences_ids[0])
-        short = bool(options.without_timestamps)
         return first if keep_first(first, rest, text, self.audio_s, short) else rest

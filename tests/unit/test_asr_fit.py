@@ -4,6 +4,7 @@ what is kept when every temperature fails Whisper's checks (scripted decode resu
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -20,10 +21,13 @@ from assistant.stages.asr_fit import (
     FitWindow,
     keep_first,
     passes,
+    periodic,
     problem,
     repeated,
+    sure_of_first,
     unclear,
 )
+from assistant.stages.asr_guard import GuardedWhisper
 
 
 def decode(text: str = "What is the capital of France?", **changes: float) -> FitDecode:
@@ -115,6 +119,62 @@ def test_a_loop_is_not_kept_and_a_passing_fallback_wins():
     assert not keep_first((result(12), -0.3, 0.0, 2.5), sampled, twice, 2.4, short=True)
     assert keep_first((result(12), -0.3, 0.0, 2.5), sampled, twice, 2.4, short=False)  # long form: may repeat
     assert not keep_first((result(), -0.3, 0.0, 3.0), (result(), -0.5, 0.4, 1.5), "text", 30.0, short=False)
+
+
+SENTENCES = " ".join(
+    f"Sentence number {n}. The quick brown fox jumps over the lazy dog near the river bank."
+    for n in ("one", "two", "three", "four", "five")
+)
+
+
+def test_a_loop_is_a_stretch_said_three_times_word_for_word_and_varied_repetition_is_not():
+    assert periodic("ha ha ha") == "ha"
+    assert periodic("I think so. " + "Thank you for watching. " * 3) == "thank you for watching"
+    assert periodic("Sentence number six, the quick brown fox jumps over the lazy dog. " * 4) is not None
+    for speech in (SENTENCES, "yes yes", "What is the capital of France?", "one two three four five six"):
+        assert periodic(speech) is None, speech
+
+
+def test_confident_repetitive_speech_keeps_temperature_0_without_sampling():
+    first = (result(no_speech=0.78), -0.26, 0.0, 3.6)  # the 85 s recording's window
+    assert sure_of_first(first, SENTENCES, 30.0, short=False)
+    assert not sure_of_first(first, "Thank you for watching. " * 5, 30.0, short=False)  # a loop
+    assert not sure_of_first((result(), -1.2, 0.0, 3.6), SENTENCES, 30.0, short=False)  # unlikely
+    assert not sure_of_first((result(tokens=440), -0.2, 0.0, 3.6), SENTENCES, 30.0, short=False)  # too long
+    assert not sure_of_first((result(12), -0.3, 0.0, 2.5), "Set a timer, set a timer.", 2.4, short=True)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The two fields of faster-whisper's ``TranscriptionOptions`` that the guard reads."""
+
+    temperatures: tuple[float, ...]
+    without_timestamps: bool
+
+
+def guarded(monkeypatch, first: tuple, sampled: tuple) -> tuple[GuardedWhisper, list[list[float]]]:
+    """A ``GuardedWhisper`` whose faster-whisper fallback is scripted, noting the temperatures asked."""
+    asked: list[list[float]] = []
+
+    def fallback(self, encoder_output, prompt, tokenizer, options):
+        asked.append(list(options.temperatures))
+        return first if options.temperatures[0] == 0.0 else sampled
+
+    monkeypatch.setattr("faster_whisper.WhisperModel.generate_with_fallback", fallback)
+    return object.__new__(GuardedWhisper), asked
+
+
+def test_the_guard_samples_no_temperature_for_confident_repetitive_speech(monkeypatch):
+    first, sampled = (result(no_speech=0.78), -0.26, 0.0, 3.6), (result(), -1.85, 1.0, 1.9)
+    options = Options((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), without_timestamps=False)
+    tokenizer = SimpleNamespace(decode=lambda _ids: SENTENCES)
+    model, asked = guarded(monkeypatch, first, sampled)
+    assert model.generate_with_fallback(None, [], tokenizer, options) == first
+    assert asked == [[0.0]]
+    tokenizer = SimpleNamespace(decode=lambda _ids: "Thank you for watching. " * 5)  # a loop: sampled
+    model, asked = guarded(monkeypatch, first, sampled)
+    model.generate_with_fallback(None, [], tokenizer, options)
+    assert asked == [[0.0], [0.2, 0.4, 0.6, 0.8, 1.0]]
 
 
 def test_segments_of_a_window_every_decode_failed_are_unclear():
