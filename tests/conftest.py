@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,6 @@ from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from store.bundled import DEFAULT_LLM, ModelStore
 from tests.helpers.llm import greedy, make_decoder
-from tests.helpers.quiet import holding
 from tests.helpers.tts import PARIS
 
 torch.set_num_threads(2)
@@ -182,26 +180,6 @@ def pytest_runtest_setup(item):
     """A pytest-xdist worker running the ``compute`` group lowers its CPU priority (once: for good)."""
     if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) == "compute" and os.nice(0) < 19:
         os.nice(19 - os.nice(0))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """A compute test runs only while no ``quiet`` test runs, and a ``quiet`` test alone.
-
-    Under pytest-xdist every compute test holds the run's lock shared and a test marked
-    ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
-    whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
-    corpus transcribed, an ONNX export, a rig's scenarios played) runs before any
-    function-scoped fixture would take it, and it is often the heaviest part of a test.
-    """
-    if group_of(item.nodeid) == "compute":
-        lock = holding(exclusive=False)
-    elif item.get_closest_marker("quiet"):
-        lock = holding(exclusive=True)
-    else:
-        lock = nullcontext()
-    with lock:
-        return (yield)
 
 
 @pytest.fixture(scope="session")

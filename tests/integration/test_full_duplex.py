@@ -18,7 +18,6 @@ from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, settle, u
 from bench.echo_rig import echo_path
 
 pytest.importorskip("livekit")
-pytestmark = pytest.mark.quiet  # the rig's echo path and the spoken scenarios (tests/helpers/quiet.py)
 
 LONG_QUESTION = "Tell me about the history of Paris."
 REPLIES_ECHO_ONLY = 20
@@ -151,7 +150,7 @@ def spoken(pulse, tmp_path_factory) -> Spoken:
 
 @pytest.fixture(scope="module")
 def stop_request(pulse, tmp_path_factory) -> Spoken:
-    """"Please stop." over the reply, in an app of its own: a fresh conversation.
+    """ "Please stop." over the reply, in an app of its own: a fresh conversation.
 
     Late in one long conversation SmolLM2's replies grew too short to speak over (the reply
     ended before the request), and a request heard wrongly ("being up.") was answered as a

@@ -38,7 +38,6 @@ from tests.helpers.metrics import free_port, listening_addresses, scrape, wait_r
 
 
 @pytest.mark.slow
-@pytest.mark.quiet  # its spoken question must be heard: once, beside the compute worker, it was not
 def test_a_scrape_after_spoken_and_typed_turns_equals_the_turn_records(pulse, tmp_path):
     port = free_port()
     log, err = tmp_path / "turns.jsonl", (tmp_path / "stderr.txt").open("w")

@@ -189,7 +189,6 @@ def answers_the_whole_question(records, turns) -> None:
     assert "week" in turn.user.lower()
 
 
-@pytest.mark.quiet  # a 0.7 s pause timed against the endpointer's silence
 def test_speech_after_the_endpoint_but_before_the_reply_joins_the_turn(
     live_session, pulse, audio_dir, paused
 ):
@@ -223,7 +222,6 @@ def test_speech_after_the_endpoint_but_before_the_reply_joins_the_turn(
     assert order.count("AudioStarted") == 1
 
 
-@pytest.mark.quiet  # a 0.7 s pause timed against the endpointer's silence
 def test_turn_detection_waits_through_the_pause_and_answers_the_whole_question(
     live_session, pulse, audio_dir, paused
 ):
@@ -239,7 +237,6 @@ def test_turn_detection_waits_through_the_pause_and_answers_the_whole_question(
     assert decision.startswith(("model", "max silence")), decision
 
 
-@pytest.mark.quiet  # a 0.7 s pause timed against the endpointer's silence
 def test_speech_resumed_during_speculative_generation_discards_it_unplayed(
     live_session, pulse, audio_dir, tmp_path
 ):
