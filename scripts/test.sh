@@ -5,11 +5,20 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
 echo "[test] ruff"; .venv/bin/ruff check assistant bench engines models store scripts tests setup_gpu.py
 echo "[test] import contracts"; .venv/bin/lint-imports
-echo "[test] mypy"; .venv/bin/mypy
+# mypy (~30 s of one core without its cache, as in a fresh clone) runs beside pytest, whose
+# workers leave a core idle much of the time; its report follows pytest's.
+mypy_log=$(mktemp)
+trap 'rm -f "$mypy_log"' EXIT
+echo "[test] mypy (beside pytest)"; nice -n 19 .venv/bin/mypy >"$mypy_log" 2>&1 & mypy_pid=$!
 # Two workers: the tests on the virtual sound devices (real time, mostly waiting) beside the
 # compute-bound ones at the lowest CPU priority (tests/conftest.py); ASSISTANT_TEST_WORKERS=0
 # runs everything in one process.
 workers=${ASSISTANT_TEST_WORKERS:-2}
 parallel=()
 (( workers > 0 )) && parallel=(-n "$workers")
-echo "[test] pytest"; .venv/bin/python -m pytest "${parallel[@]}" "$@"
+echo "[test] pytest"; status=0
+.venv/bin/python -m pytest "${parallel[@]}" "$@" || status=$?
+echo "[test] mypy"; mypy_status=0; wait "$mypy_pid" || mypy_status=$?
+cat "$mypy_log"
+(( status )) && exit "$status"
+exit "$mypy_status"

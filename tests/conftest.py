@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from store.bundled import DEFAULT_LLM, ModelStore
 from tests.helpers.llm import greedy, make_decoder
+from tests.helpers.quiet import holding
 from tests.helpers.tts import PARIS
 
 torch.set_num_threads(2)
@@ -131,11 +133,19 @@ REAL_TIME_FILES = frozenset(
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
+# Tests that mostly wait on a process of the app (lingering under strace, signals and their
+# clean-up): they ride on the real-time worker, which has time to spare, at its priority.
+WAITING_FILES = frozenset(
+    {
+        "tests/integration/test_leftovers.py",
+        "tests/integration/test_offline_no_network.py",
+    }
+)
 
 
 def group_of(nodeid: str) -> str:
-    """``real-time`` for a test in :data:`REAL_TIME_FILES`, else ``compute``."""
-    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES else "compute"
+    """``real-time`` for a test in :data:`REAL_TIME_FILES` or :data:`WAITING_FILES`, else ``compute``."""
+    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES | WAITING_FILES else "compute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -180,6 +190,26 @@ def pytest_runtest_setup(item):
     """A pytest-xdist worker running the ``compute`` group lowers its CPU priority (once: for good)."""
     if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) == "compute" and os.nice(0) < 19:
         os.nice(19 - os.nice(0))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A compute test runs only while no ``quiet`` test runs, and a ``quiet`` test alone.
+
+    Under pytest-xdist every compute test holds the run's lock shared and a test marked
+    ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
+    whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
+    rig's scenarios played) runs before any function-scoped fixture would take it, and it is
+    often the heaviest part of a test.
+    """
+    if group_of(item.nodeid) == "compute":
+        lock = holding(exclusive=False)
+    elif item.get_closest_marker("quiet"):
+        lock = holding(exclusive=True)
+    else:
+        lock = nullcontext()
+    with lock:
+        return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, settle, u
 from bench.echo_rig import echo_path
 
 pytest.importorskip("livekit")
+pytestmark = pytest.mark.quiet  # the echo rig's scenarios: see tests/helpers/quiet.py
 
 LONG_QUESTION = "Tell me about the history of Paris."
 REPLIES_ECHO_ONLY = 20
