@@ -4,6 +4,7 @@
 #   scripts/virtual-audio.sh stop
 #   scripts/virtual-audio.sh echo on [DELAY_MS [GAIN_DB [REFLECTIONS]]]   # defaults 60 -13 2
 #   scripts/virtual-audio.sh echo off
+#   scripts/virtual-audio.sh echo mute|unmute   # silence the echo path, or let it through again
 # VIRTUAL_AUDIO_RUNTIME picks its runtime folder (default /tmp/assistant-pulse-UID), so runs can be kept apart.
 # Devices: play a WAV into sink "micfeed" and the app hears it on source "virtmic";
 # what the app plays on sink "spk" can be recorded from "spk.monitor".
@@ -11,6 +12,8 @@
 # (latency_msec = DELAY_MS, 20-150) at GAIN_DB (-6 to -20; the loopback's sink-input volume, in dB,
 # because PulseAudio's percent scale is cubic), plus REFLECTIONS (0-3) weaker, later copies as a
 # small room tail: reflection k comes 23*k ms after the direct path, 6*k dB below it.
+# "echo mute" then "echo unmute" makes an echo appear mid-session with a steady delay, as when a
+# headset is unplugged: a loopback loaded while the app plays slews its latency for seconds.
 set -euo pipefail
 runtime=${VIRTUAL_AUDIO_RUNTIME:-/tmp/assistant-pulse-$(id -u)}
 export XDG_RUNTIME_DIR=$runtime PULSE_RUNTIME_PATH=$runtime/pulse
@@ -54,6 +57,13 @@ start)
 echo)
   # Every loopback this script loads carries this tag in its arguments, so "off" unloads only them.
   tag=assistant-echo
+  if [[ "${2:-}" == mute || "${2:-}" == unmute ]]; then
+    for id in $(pactl list short modules | awk -v t="$tag" '$2 == "module-loopback" && index($0, t) {print $1}'); do
+      input=$(pactl list sink-inputs | awk -v m="$id" '/^Sink Input #/ {i = substr($3, 2)} $1 == "Owner" && $3 == m {print i}')
+      pactl set-sink-input-mute "$input" "$([[ "$2" == mute ]] && echo 1 || echo 0)"
+    done
+    exit 0
+  fi
   for id in $(pactl list short modules | awk -v t="$tag" '$2 == "module-loopback" && index($0, t) {print $1}'); do
     pactl unload-module "$id"
   done
@@ -78,7 +88,7 @@ echo)
     done
     ;;
   *)
-    echo "usage: $0 echo on [DELAY_MS [GAIN_DB [REFLECTIONS]]] | echo off" >&2
+    echo "usage: $0 echo on [DELAY_MS [GAIN_DB [REFLECTIONS]]] | echo off | echo mute | echo unmute" >&2
     exit 2
     ;;
   esac

@@ -28,6 +28,10 @@ FAR_HISTORY_S = 4  # far-end audio kept for lining up and for the delay estimate
 FAR_ACTIVE_RMS = 10 ** (-50 / 20)  # a far-end frame above -50 dBFS counts as playing
 DELAY_EVERY_FRAMES = 50  # the delay estimate is redone every 0.5 s of far-end audio
 DELAY_SPAN_FRAMES = 100  # over the last 1 s
+# With no echo path known (a headset), an echo that appears (speakers) is looked for every
+# 0.1 s over the last 0.4 s: until it is found the microphone passes as it is, echo and all.
+ECHO_FREE_EVERY_FRAMES = 10
+ECHO_FREE_SPAN_FRAMES = 40
 DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking over it)
 # Near-end blocks follow each other by their sample count; callback times jitter by tens of
 # ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
@@ -215,7 +219,7 @@ class EchoCanceller:
         if far_power > FAR_ACTIVE_RMS**2:
             self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2)), float(np.sum(far_f**2))))
             self._far_frames += 1
-            if self._far_frames % DELAY_EVERY_FRAMES == 0:
+            if self._far_frames % (ECHO_FREE_EVERY_FRAMES if self.echo_free else DELAY_EVERY_FRAMES) == 0:
                 self._estimate_delay()
         if self.echo_free:
             return near_f
@@ -257,7 +261,9 @@ class EchoCanceller:
         echo is none. The user's speech lowers that loss but never correlates, so talking over
         a reply on a headset does not bring the canceller back.
         """
-        near, far = np.concatenate(self._delay_near), np.concatenate(self._delay_far)
+        span = ECHO_FREE_SPAN_FRAMES if self.echo_free else DELAY_SPAN_FRAMES
+        near = np.concatenate(list(self._delay_near)[-span:])
+        far = np.concatenate(list(self._delay_far)[-span:])
         lag, corr = estimate_delay(far, near, self.options.max_delay_ms)
         if corr >= DELAY_MIN_CORRELATION:
             self._delay_ms = lag * 1000 / SAMPLE_RATE_HZ
