@@ -261,7 +261,9 @@ class EchoCanceller:
         echo is none. The user's speech lowers that loss but never correlates, so talking over
         a reply on a headset does not bring the canceller back.
         """
-        span = ECHO_FREE_SPAN_FRAMES if self.echo_free else DELAY_SPAN_FRAMES
+        # While none is known, a short span (the echo is new in it), but past the longest lag.
+        short = max(ECHO_FREE_SPAN_FRAMES, self.options.max_delay_ms // 10 + 10)
+        span = short if self.echo_free else DELAY_SPAN_FRAMES
         near = np.concatenate(list(self._delay_near)[-span:])
         far = np.concatenate(list(self._delay_far)[-span:])
         lag, corr = estimate_delay(far, near, self.options.max_delay_ms)
