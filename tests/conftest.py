@@ -133,23 +133,32 @@ REAL_TIME_FILES = frozenset(
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
-# Tests that mostly wait on a process of the app (lingering under strace, signals and their
-# clean-up): they ride on the real-time worker, which has time to spare, at its priority.
-WAITING_FILES = frozenset(
+# Files off the sound devices that run on the real-time worker, at its priority, so that both
+# workers end about together and the ``quiet`` tests, run last, find the machine idle: the
+# strace and clean-up tests (mostly waiting on the app) and real-model files whose fixtures are
+# their own (nothing the compute worker's session fixtures would make a second time).
+RIDING_FILES = frozenset(
     {
+        "tests/integration/test_asr_torch.py",
+        "tests/integration/test_cli_model_errors.py",
         "tests/integration/test_leftovers.py",
+        "tests/integration/test_long_conversations.py",
+        "tests/integration/test_long_speech_kept.py",
         "tests/integration/test_offline_no_network.py",
     }
 )
 
 
 def group_of(nodeid: str) -> str:
-    """``real-time`` for a test in :data:`REAL_TIME_FILES` or :data:`WAITING_FILES`, else ``compute``."""
-    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES | WAITING_FILES else "compute"
+    """``real-time`` for a test in :data:`REAL_TIME_FILES` or :data:`RIDING_FILES`, else ``compute``."""
+    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES | RIDING_FILES else "compute"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the TensorRT engine tests unless asked; a test on the sound devices must be listed.
+    """Skip the TensorRT engine tests unless asked; ``quiet`` tests last; sound tests listed.
+
+    The ``quiet`` tests run last on their worker: by then the compute worker is done (or nearly),
+    so they neither wait for it nor make it wait.
 
     Raises:
         pytest.UsageError: A test uses the virtual sound devices outside :data:`REAL_TIME_FILES`
@@ -166,6 +175,7 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(
                 f"{item.nodeid} uses the virtual sound devices: add its file to REAL_TIME_FILES"
             )
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)  # stable: order kept
 
 
 def pytest_xdist_make_scheduler(config, log):

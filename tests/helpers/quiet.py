@@ -10,7 +10,8 @@ even at nice 19, a reply of the echo-only scenario lost its echo cancellation fo
 paused twice for its own echo (ERLE 14 dB against 24-35 dB for the other replies: once in two
 full runs of 2026-12-05 without the lock; docs/benchmarks.md). The live pause tests and the
 metrics test's spoken turn, marked before, passed without it in four runs: their failures
-had been product bugs since fixed (the echo probe, the rejoin race).
+had been product bugs since fixed (the echo probe, the rejoin race). The quiet tests run last
+on their worker (``tests/conftest.py``), when the compute worker is done or nearly so.
 """
 
 from __future__ import annotations
