@@ -78,6 +78,7 @@ class Duplex:
         self._blocks = 0
         self._far_frames = 0  # the canceller's count at the last look
         self._erles: list[float] = []  # ERLE of the windows while the far end played, since report()
+        self._no_echo: bool | None = None  # what the last full-duplex report said of the echo path
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
 
@@ -201,11 +202,16 @@ class Duplex:
         if stats.far_frames > self._far_frames and stats.erle_db is not None:
             self._erles.append(stats.erle_db)  # the far end played since the last look
         self._far_frames = stats.far_frames
-        if self.full_duplex or not stats.converged:
+        if not stats.converged:
             return
-        self.full_duplex = True
-        below = self.canceller.options.converged_below_db if self.canceller is not None else 0.0
-        if stats.echo_loss_db is not None and stats.echo_loss_db >= below:  # a headset, a quiet speaker
+        assert self.canceller is not None
+        below = self.canceller.options.converged_below_db
+        # A headset or a quiet speaker; the user talking over a reply lowers the loss, not echo_free.
+        no_echo = self.canceller.echo_free or (stats.echo_loss_db is not None and stats.echo_loss_db >= below)
+        if self.full_duplex and no_echo == self._no_echo:
+            return  # reported already; said again when an echo path appears (or goes) mid-session
+        self.full_duplex, self._no_echo = True, no_echo
+        if no_echo:
             reason = f"full duplex: no echo heard ({stats.echo_loss_db:.0f} dB under the speaker)"
             self.emit(EchoState(0, _now(), True, reason, None, None))
             logger.info("%s", reason)

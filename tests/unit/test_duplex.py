@@ -125,6 +125,47 @@ def test_without_the_probe_it_stays_half_duplex_until_a_reply_converges_it() -> 
     assert erle is not None and erle > 10 and duplex.report()[0] is None  # per reply: reset
 
 
+def test_an_echo_that_appears_mid_session_is_reported_once_cancelled() -> None:
+    """Headset first ("no echo heard"), then speakers: the status says the echo is cancelled.
+
+    Before, the first report stood for the whole session: "no echo heard" while the canceller
+    was removing a -13 dB echo at 56 dB ERLE (seen in the UI after unplugging a headset).
+    """
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    reply = probe_signal(6.0, -20)
+    near = room(reply)
+    near[: 3 * 16000] = 0  # a headset for 3 s, then the speakers
+    assert speaker.far_end is not None
+    reasons = []
+    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
+        t = 10**12 + (i // BLOCK) * BLOCK_NS
+        speaker.far_end.append((reply[i : i + BLOCK], t))
+        duplex.clean(near[i : i + BLOCK], t + BLOCK_NS)
+        reasons = [e.reason for e in events if isinstance(e, EchoState) and e.full_duplex]
+        if i == 3 * 16000 - BLOCK:
+            assert len(reasons) == 1 and "no echo heard" in reasons[0], reasons
+    assert len(reasons) == 2 and "echo cancelled (ERLE" in reasons[1], reasons
+
+
+def test_a_user_talking_over_replies_on_a_headset_does_not_change_the_report() -> None:
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    reply = probe_signal(6.0, -20)
+    user = np.zeros_like(reply)
+    voice = np.random.default_rng(3).standard_normal(len(user) - 3 * 16000)  # not the reply
+    user[3 * 16000 :] = 0.1 * np.convolve(voice, np.ones(4) / 4, mode="same")
+    assert speaker.far_end is not None
+    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
+        t = 10**12 + (i // BLOCK) * BLOCK_NS
+        speaker.far_end.append((reply[i : i + BLOCK], t))
+        duplex.clean(user[i : i + BLOCK], t + BLOCK_NS)
+    reasons = [e.reason for e in events if isinstance(e, EchoState) and e.full_duplex]
+    assert len(reasons) == 1 and "no echo heard" in reasons[0], reasons
+
+
 def test_without_a_canceller_it_is_half_duplex_with_the_reason_and_passes_the_microphone_on() -> None:
     events: list[Event] = []
     duplex = Duplex(None, "echo cancellation needs the livekit package", ScriptedSpeaker(), None)  # type: ignore[arg-type]
