@@ -52,6 +52,12 @@ class Conversation(VerticalScroll, can_focus=False):
         if widget is not None:
             widget.remove()
 
+    def drop_hearing(self, turn: int) -> None:
+        """Remove ``turn``'s "(hearing…)" line if no transcript replaced it (no words, "mm-hmm")."""
+        widget = self._user.get(turn)
+        if widget is not None and widget.has_class("hearing"):
+            self.drop_user(turn)
+
     def user(self, turn: int, text: str) -> None:
         """The final transcript (or typed text) of ``turn``."""
         widget = self._user.get(turn) or self._add(Static(classes="user"))

@@ -13,6 +13,7 @@ from assistant.events import (
     Event,
     MicLevel,
     OverlapHeard,
+    OverlapVerdict,
     PartialTranscript,
     ReplyPaused,
     ReplyResumed,
@@ -131,6 +132,10 @@ class TurnFold:
             status.set(state="hearing")  # the reply holds while the speech is judged
         elif isinstance(event, ReplyResumed):
             status.set(state="speaking")
+        elif isinstance(event, OverlapHeard) and event.verdict is OverlapVerdict.STOP:
+            conversation.user(event.overlap_turn, f"{event.text} [stop: not answered]")
+        elif isinstance(event, OverlapHeard) and event.verdict in NOTHING_TO_ANSWER:
+            conversation.drop_hearing(event.overlap_turn)  # its "(hearing…)" line
         events = self.turn_events.get(event.turn_id)
         if events is None:  # the reply's turn is over: its record has it
             return False
@@ -138,5 +143,6 @@ class TurnFold:
         return True
 
 
+NOTHING_TO_ANSWER = (OverlapVerdict.NOISE, OverlapVerdict.BACKCHANNEL)
 # Events of a reply's turn (``turn_id``) about speech over it; the speech itself is the next turn.
 OVER_THE_REPLY = (BargeIn, ReplyPaused, OverlapHeard, ReplyResumed, EchoMeasured)

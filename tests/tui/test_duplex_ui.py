@@ -115,6 +115,32 @@ async def test_a_reply_resumed_after_a_backchannel_then_interrupted_shows_in_the
 
 
 @pytest.mark.asyncio
+async def test_speech_over_a_reply_that_is_no_words_or_stop_leaves_no_hearing_line():
+    """A cough's "(hearing…)" line goes once judged no words; a stop request shows its words.
+
+    Before, both stayed as "you: (hearing…)" for the rest of the session (seen in the UI).
+    """
+    base = 10_000 * MS
+    events = turn_events(1, base, WORDS) + [
+        AudioStarted(1, base + 1000 * MS),
+        SpeechStarted(2, base + 1500 * MS),
+        ReplyPaused(1, base + 1530 * MS, base + 1500 * MS, 2),
+        OverlapHeard(1, base + 2300 * MS, 2, "", OverlapVerdict.NOISE),
+        ReplyResumed(1, base + 2300 * MS, 800.0),
+        SpeechStarted(3, base + 3000 * MS),
+        ReplyPaused(1, base + 3020 * MS, base + 3000 * MS, 3),
+    ]
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await pilot.pause()
+        await post(app, pilot, events)
+        assert screen_text(app).count("you: (hearing…)") == 1  # the cough's is gone, the stop's shows
+        await post(app, pilot, [OverlapHeard(1, base + 3700 * MS, 3, "Please stop.", OverlapVerdict.STOP)])
+        shown = screen_text(app)
+        assert "(hearing…)" not in shown and "you: Please stop. [stop: not answered]" in shown, shown
+
+
+@pytest.mark.asyncio
 async def test_a_question_continued_over_its_reply_is_marked_and_answered_as_one_turn():
     base = 10_000 * MS
     first = turn_events(1, base, [" The", " largest"]) + [
