@@ -52,7 +52,7 @@ def trial(env: dict[str, str], folder: Path, checkout: Path | None) -> dict:
         "pauses": sum(e["event"] == "ReplyPaused" for e in events),
         "barge_ins": sum(e["event"] == "BargeIn" for e in events),
         "heard": [e["text"] for e in events if e["event"] == "OverlapHeard"],
-        "start_state": states[-1] if states else "",
+        "states": states,  # the mode as the status bar showed it, in order
         "erle_db": erle[0] if erle else None,
     }
 
