@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,9 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
-from bench.echo_rig import echo_path
+from bench.echo_rig import echo_path, private_audio
 
-ROOT = Path(__file__).resolve().parents[1]
 PAUSED = [  # (first half, second half)
     ("I would like to know", "how many days are in a week?"),
     ("What is the largest,", "the largest ocean on Earth?"),
@@ -224,16 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gain-db", type=float, default=-13)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    runtime = tempfile.mkdtemp(prefix="duplex-pulse-")
-    script = str(ROOT / "scripts" / "virtual-audio.sh")
-    started = subprocess.run(
-        [script, "start"],
-        env={**os.environ, "VIRTUAL_AUDIO_RUNTIME": runtime},
-        capture_output=True,
-        text=True,
-    )
-    env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
-    env = {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
     # name -> (checkout, flags for echo only, for barge-ins, for paused questions). The code
     # before full duplex hears nothing over a reply without --barge-in, so its barge-ins (and
     # its echo-only run: would it interrupt itself?) use it; its paused questions run as a user
@@ -242,25 +230,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.before:
         configs = {"before": (args.before, ["--barge-in"], ["--barge-in"], []), **configs}
     results: dict[str, dict] = {}
-    try:
-        with echo_path(env, args.delay_ms, args.gain_db, 2):
-            for name, (checkout, echo_flags, barge_flags, paused_flags) in configs.items():
-                work = Path(tempfile.mkdtemp(prefix=f"duplex-{name}-"))
-                for part in ("echo", "barge", "paused"):
-                    (work / part).mkdir()
-                print(f"{name}: echo only, {args.replies} replies", file=sys.stderr)
-                echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags)
-                print(f"{name}: {args.trials} barge-ins", file=sys.stderr)
-                barge = spoken(env, work / "barge", checkout, args.trials, barge_flags, (barge_in,))
-                print(f"{name}: {args.trials} paused questions", file=sys.stderr)
-                held = spoken(env, work / "paused", checkout, args.trials, paused_flags, (paused,))
-                talk = barge | {k: held[k] for k in ("words_lost", "v2v_ms")}
-                talk["failed"] = barge["failed"] + held["failed"]
-                results[name] = {"echo": echo, "spoken": talk}
-    finally:
-        subprocess.run(
-            [script, "stop"], env={**os.environ, "VIRTUAL_AUDIO_RUNTIME": runtime}, capture_output=True
-        )
+    with private_audio("duplex-pulse-") as env, echo_path(env, args.delay_ms, args.gain_db, 2):
+        for name, (checkout, echo_flags, barge_flags, paused_flags) in configs.items():
+            work = Path(tempfile.mkdtemp(prefix=f"duplex-{name}-"))
+            for part in ("echo", "barge", "paused"):
+                (work / part).mkdir()
+            print(f"{name}: echo only, {args.replies} replies", file=sys.stderr)
+            echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags)
+            print(f"{name}: {args.trials} barge-ins", file=sys.stderr)
+            barge = spoken(env, work / "barge", checkout, args.trials, barge_flags, (barge_in,))
+            print(f"{name}: {args.trials} paused questions", file=sys.stderr)
+            held = spoken(env, work / "paused", checkout, args.trials, paused_flags, (paused,))
+            talk = barge | {k: held[k] for k in ("words_lost", "v2v_ms")}
+            talk["failed"] = barge["failed"] + held["failed"]
+            results[name] = {"echo": echo, "spoken": talk}
     cpu = cpu_per_frame()
     print(table(results))
     print(

@@ -25,10 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.duplex import App
-from bench.echo_rig import echo_path
+from bench.echo_rig import SCRIPT, echo_path, private_audio
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = str(ROOT / "scripts" / "virtual-audio.sh")
 QUESTION = "Tell me about the history of Rome."
 
 
@@ -63,22 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    runtime = tempfile.mkdtemp(prefix="echo-appears-pulse-")
-    base = {**os.environ, "VIRTUAL_AUDIO_RUNTIME": runtime}
-    started = subprocess.run([SCRIPT, "start"], env=base, capture_output=True, text=True, check=True)
-    env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
-    env = {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
     configs = {"new": None} if args.before is None else {"before": args.before, "new": None}
     results: dict[str, list[dict]] = {name: [] for name in configs}
-    try:
-        with echo_path(env, 60, -13, 2):
-            for k in range(args.trials):  # alternated, so the machine's load falls on both alike
-                for name, checkout in configs.items():
-                    folder = Path(tempfile.mkdtemp(prefix=f"echo-appears-{name}-"))
-                    results[name].append(trial(env, folder, checkout))
-                    print(f"{name} {k + 1}: {results[name][-1]}", file=sys.stderr)
-    finally:
-        subprocess.run([SCRIPT, "stop"], env=base, capture_output=True)
+    with private_audio("echo-appears-pulse-") as env, echo_path(env, 60, -13, 2):
+        for k in range(args.trials):  # alternated, so the machine's load falls on both alike
+            for name, checkout in configs.items():
+                folder = Path(tempfile.mkdtemp(prefix=f"echo-appears-{name}-"))
+                results[name].append(trial(env, folder, checkout))
+                print(f"{name} {k + 1}: {results[name][-1]}", file=sys.stderr)
     print("| code | replies | paused for their own echo | pauses | barge-ins | ERLE median dB |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, runs in results.items():

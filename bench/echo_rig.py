@@ -1,8 +1,10 @@
 """The speaker-to-microphone echo path of ``scripts/virtual-audio.sh echo on``, for tests and benches.
 
-``echo_path(env, delay_ms=60, gain_db=-13)`` adds the path for a ``with`` block; ``play_and_record``
-plays a signal on ``spk`` and records what was played (``spk.monitor``, the echo canceller's far
-end) and what the microphone heard (``virtmic``, the near end) on one time base;
+``private_audio(prefix)`` starts a PulseAudio of its own for a ``with`` block and gives its
+environment; ``echo_path(env, delay_ms=60, gain_db=-13)`` adds the path for a ``with`` block;
+``play_and_record`` plays a signal on ``spk`` and records what was played (``spk.monitor``, the
+echo canceller's far end) and what the microphone heard (``virtmic``, the near end) on one
+time base;
 ``estimate_echo`` measures the path's delay and gain from such a pair.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +25,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "scripts" / "virtual-audio.sh")
 SAMPLE_RATE_HZ = 16000
+
+
+@contextmanager
+def private_audio(prefix: str) -> Iterator[dict[str, str]]:
+    """``scripts/virtual-audio.sh start`` in a fresh runtime folder; yields its environment, then stops it."""
+    runtime = tempfile.mkdtemp(prefix=prefix)
+    base = {**os.environ, "VIRTUAL_AUDIO_RUNTIME": runtime}
+    started = subprocess.run([SCRIPT, "start"], env=base, capture_output=True, text=True, check=True)
+    env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
+    try:
+        yield {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
+    finally:
+        subprocess.run([SCRIPT, "stop"], env=base, capture_output=True)
 
 
 @contextmanager

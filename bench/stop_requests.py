@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +28,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
-from bench.echo_rig import echo_path
+from bench.echo_rig import echo_path, private_audio
 
-ROOT = Path(__file__).resolve().parents[1]
 PHRASES = ["Stop.", "Stop talking.", "Please stop.", "Wait."]
 AFTER_WINDOW_S = 2.6
 
@@ -96,23 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.set:
         key, value = item.split("=", 1)
         settings["ASSISTANT_" + key.replace(".", "_").upper()] = value
-    runtime = tempfile.mkdtemp(prefix="stop-pulse-")
-    script = str(ROOT / "scripts" / "virtual-audio.sh")
-    runtime_env = {**os.environ, "VIRTUAL_AUDIO_RUNTIME": runtime}
-    started = subprocess.run([script, "start"], env=runtime_env, capture_output=True, text=True)
-    env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split() if "=" in line)
-    env = {k: v.strip("'\"") for k, v in env.items()} | {"VIRTUAL_AUDIO_RUNTIME": runtime}
     results: dict[str, dict[str, list[str]]] = {}
     heard: dict[str, dict[str, list[list[str]]]] = {}
-    try:
+    with private_audio("stop-pulse-") as env:
         for name in args.rooms.split(","):
             print(f"{name}: {args.trials} trials of {len(PHRASES)} phrases", file=sys.stderr)
             rig = echo_path(env, args.delay_ms, args.gain_db, 2) if name == "speakers" else nullcontext()
             with rig:
                 folder = Path(tempfile.mkdtemp(prefix=f"stop-{name}-"))
                 results[name] = room(env, folder, args.trials, settings, heard.setdefault(name, {}))
-    finally:
-        subprocess.run([script, "stop"], env=runtime_env, capture_output=True)
     kinds = ("stopped", "answered", "played on", "reply over")
     print("| phrase | " + " | ".join(f"{r}: " + " / ".join(kinds) for r in results) + " |")
     print("|---|" + "---:|" * len(results))
