@@ -12,10 +12,12 @@ in ``_thread.RLock`` here); so the interpreter's own library directory leads
 from __future__ import annotations
 
 import errno
+import functools
 import importlib.util
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -162,13 +164,23 @@ def sweep_dead_servers(shm_dir: Path = SHM_DIR) -> list[Path]:
     return removed
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when this process dies, even by SIGKILL (Linux)."""
-    import ctypes
-    import signal
+@functools.cache
+def parent_death_guard() -> tuple[str, ...]:
+    """``setpriv --pdeathsig TERM --``: the server gets SIGTERM when this process dies, even by SIGKILL.
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    Not a ``preexec_fn`` calling prctl: with one, Python forks instead of vforking, and gRPC's
+    fork handlers (tritonclient is loaded here) restart its event-engine threads in the child;
+    closing the inherited descriptors before exec then pulled their epoll descriptor from under
+    them: tritonserver "exited (-6)" at start with "epoll_wait error: Bad file descriptor" (once
+    in CI). Without setpriv (or one too old for --pdeathsig) a server whose parent was killed
+    runs on until stopped; the next start still sweeps what it leaves (:func:`sweep_dead_servers`).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return ()
+    guard = (setpriv, "--pdeathsig", "TERM", "--")
+    probe = subprocess.run([*guard, "true"], capture_output=True)
+    return guard if probe.returncode == 0 else ()
 
 
 class TritonProcess:
@@ -188,11 +200,10 @@ class TritonProcess:
         command = server_command(self.install, repository, backend_directory(self.install, work), settings)
         self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            command,
+            [*parent_death_guard(), *command],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=server_environment(self.install),
-            preexec_fn=_die_with_parent,
         )
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:

@@ -264,18 +264,23 @@ def test_ctrl_c_while_models_load_exits_quietly_with_status_130(tmp_path, store)
     for source in store.path(DEFAULT_LLM).iterdir():
         if source.is_file():
             (model / source.name).symlink_to(source)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "assistant", "chat", "--store", str(tmp_path / "store")],
-        # Ctrl-C as in a terminal: a test run started in the background (`cmd &`) ignores SIGINT,
-        # its children inherit that, and Python then installs no KeyboardInterrupt at all.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        stdin=subprocess.PIPE,  # kept open: the chat would wait for a question, not exit
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=user_env(tmp_path),
-    )
+    # Ctrl-C as in a terminal: a test run started in the background (`cmd &`) ignores SIGINT,
+    # its children inherit that, and Python then installs no KeyboardInterrupt at all. A handler
+    # is not inherited (exec resets it to the default); a preexec_fn would fork this process,
+    # whose gRPC threads (tritonclient, loaded by other tests) do not survive a fork safely.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "assistant", "chat", "--store", str(tmp_path / "store")],
+            stdin=subprocess.PIPE,  # kept open: the chat would wait for a question, not exit
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=user_env(tmp_path),
+        )
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert proc.stderr is not None
     watchdog = threading.Timer(300, proc.kill)  # a hang fails the test instead of blocking it
     watchdog.start()
