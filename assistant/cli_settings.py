@@ -217,6 +217,14 @@ def settings_flags(parser: argparse.ArgumentParser, command: str = "assistant") 
     )
     add(
         VOICE,
+        "--question-ms",
+        dest="turn.question_ms",
+        type=int,
+        metavar="MS",
+        help='silence that ends a turn transcribed as a question ("...?"), whatever the model says (0: off)',
+    )
+    add(
+        VOICE,
         "--no-speculation",
         dest="turn.speculate",
         action="store_const",

@@ -69,12 +69,15 @@ class TurnOptions:
     ``continuation_ms``: in full duplex, words spoken over a reply that begin this soon after
     its first audio are the rest of the question: the reply is dropped and the question
     answered whole (docs/voice.md, "Full duplex").
+    ``question_ms``: when the speculative transcript of the pause ends with "?", the turn
+    ends after this much silence whatever Smart Turn says (0: never; needs ``speculate``).
     """
 
     detection: str = "smart-turn"
     model: str = DEFAULT_TURN
     pause_ms: int = field(default=200, metadata=bounds(min=1, max=60_000))
     max_silence_ms: int = field(default=1200, metadata=bounds(min=1, max=60_000))
+    question_ms: int = field(default=500, metadata=bounds(min=0, max=60_000))
     threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
     rescore_ms: int = field(default=300, metadata=bounds(min=1, max=60_000))
     speculate: bool = True

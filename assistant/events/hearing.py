@@ -90,8 +90,8 @@ class TurnDecision(Event):
 
     ``complete`` ends the turn. ``probability`` is the Smart Turn model's score that the
     speaker is done (``None`` for fixed silence); ``inference_ms`` its features + model time;
-    ``silence_ms`` the silence so far; ``reason``: ``model``, ``max silence`` or
-    ``fixed silence``.
+    ``silence_ms`` the silence so far; ``reason``: ``model``, ``question`` (the pause's
+    speculative transcript ends with "?"), ``max silence`` or ``fixed silence``.
     """
 
     complete: bool = False

@@ -10,6 +10,7 @@ from assistant.events.base import CancelReason, Event
 if TYPE_CHECKING:
     from assistant.observe.latency import TurnRecord
 
+
 @dataclass(frozen=True)
 class PromptSubmitted(Event):
     """The prompt went to the decoder (start of TTFT).

@@ -128,6 +128,8 @@ class ConsoleReporter:
                 f"[turn {event.turn_id}] turn detector: {verdict} (p={event.probability:.2f}, "
                 f"{event.inference_ms:.0f} ms, after {event.silence_ms:.0f} ms of silence)"
             )
+        elif isinstance(event, TurnDecision) and event.reason == "question":
+            line = f"[turn {event.turn_id}] done: a question, after {event.silence_ms:.0f} ms of silence"
         elif isinstance(event, BargeIn):
             reaction_ms = (event.t_ns - event.onset_t_ns) / 1e6
             line = f"[turn {event.turn_id}] interrupted: reply stopped {reaction_ms:.0f} ms after you spoke"

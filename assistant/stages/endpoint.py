@@ -3,6 +3,8 @@
 After ``pause_ms`` of silence the model scores the utterance; a probability at or above
 ``threshold`` ends the turn at once, below it the endpointer keeps listening and scores again
 every ``rescore_ms``, and ``max_silence_ms`` of silence ends the turn whatever the model says.
+A pause whose speculative transcript ends with "?" ends it after ``question_ms``: Smart Turn
+called some whole questions unfinished, and they waited for the cap.
 ``detection = "off"`` is the fixed silence of ``[vad] end_silence_ms``. Defaults and why:
 docs/voice.md.
 """
@@ -37,11 +39,22 @@ class SmartTurnPolicy:
         self.pause_ms = options.pause_ms
         self.next_score_ms = float(options.pause_ms)
         self.last: TurnDecision | None = None
+        self.paused_t_ns = 0  # the pause under way (its SpeechPaused's time)
+        self.question_t_ns = -1  # the pause whose transcript ends with "?"
 
-    def reset(self) -> None:
-        """A new pause: score again at ``pause_ms``."""
+    def reset(self, paused_t_ns: int = 0) -> None:
+        """A new pause (its ``SpeechPaused`` at ``paused_t_ns``): score again at ``pause_ms``."""
         self.next_score_ms = float(self.pause_ms)
         self.last = None
+        self.paused_t_ns = paused_t_ns
+
+    def transcribed(self, paused_t_ns: int, text: str) -> None:
+        """The speculative transcript of the pause at ``paused_t_ns`` (from a turn's thread).
+
+        One of an earlier pause that finished late is ignored in :meth:`decide`.
+        """
+        if text.rstrip().endswith("?"):
+            self.question_t_ns = paused_t_ns
 
     def decide(
         self, turn_id: int, audio: Callable[[], np.ndarray], silence_ms: float, t_ns: int
@@ -51,6 +64,9 @@ class SmartTurnPolicy:
         if silence_ms >= opts.max_silence_ms:
             p = self.last.probability if self.last else None
             return TurnDecision(turn_id, t_ns, True, p, 0.0, silence_ms, "max silence")
+        if opts.question_ms and silence_ms >= opts.question_ms and self.question_t_ns == self.paused_t_ns:
+            p = self.last.probability if self.last else None
+            return TurnDecision(turn_id, t_ns, True, p, 0.0, silence_ms, "question")
         if silence_ms < self.next_score_ms:
             return None
         self.next_score_ms = silence_ms + opts.rescore_ms

@@ -51,8 +51,12 @@ class EndOfTurn(Protocol):
         """
         ...
 
-    def reset(self) -> None:
-        """A new pause begins."""
+    def reset(self, paused_t_ns: int = 0) -> None:
+        """A new pause begins (its ``SpeechPaused`` at ``paused_t_ns``)."""
+        ...
+
+    def transcribed(self, paused_t_ns: int, text: str) -> None:
+        """The speculative transcript of the pause at ``paused_t_ns`` (called from any thread)."""
         ...
 
 
@@ -71,8 +75,11 @@ class FixedSilence:
             return None
         return TurnDecision(turn_id, t_ns, True, None, 0.0, silence_ms, "fixed silence")
 
-    def reset(self) -> None:
+    def reset(self, paused_t_ns: int = 0) -> None:
         """Nothing to forget."""
+
+    def transcribed(self, paused_t_ns: int, text: str) -> None:
+        """Silence alone decides."""
 
 
 def quiet_cut(chunks: list[np.ndarray], search_ms: float) -> int:
@@ -299,7 +306,7 @@ class Endpointer(ChunkFeeder):
             return silence_ms >= self.options.end_silence_ms
         if not self.paused and silence_ms >= self.pause_ms:
             self.paused = True
-            self.policy.reset()
+            self.policy.reset(t_end_ns)
             audio = self._audio()
             speech_end = self.last_speech_t_ns
             events.append(SpeechPaused(self.turn_id, t_end_ns, speech_end, audio, after_cut=self.after_cut))

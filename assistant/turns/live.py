@@ -75,6 +75,9 @@ class LiveLoop:
         self.duplex = duplex
         if duplex is not None and duplex.canceller is not None:
             pipeline.echo_report = duplex.report
+        if endpointer is not None:
+            policy = endpointer.policy
+            pipeline.pause_transcribed = lambda pause, text: policy.transcribed(pause.t_ns, text)
         self.floor = threading.Lock()  # the engine and the runs: who speaks next
         self.runs = TurnRuns(pipeline, self._sink, self._claim_audio, self._ended)
         self.current_turn = 0

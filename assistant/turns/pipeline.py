@@ -69,6 +69,8 @@ class VoicePipeline:
         self._server_lost: set[int] = set()  # turns whose LLM server failed mid-reply
         # (ERLE dB, echo delay ms) over the reply just played, when the microphone is echo-cancelled
         self.echo_report: Callable[[], tuple[float | None, float | None]] | None = None
+        # The transcript of a pause's speculative run: the end-of-turn policy may end on it.
+        self.pause_transcribed: Callable[[SpeechPaused, str], None] | None = None
 
     def run_turn(
         self,
@@ -102,6 +104,8 @@ class VoicePipeline:
         if gate.discarded:
             self._discarded(turn, start_ns, gate.reason)
             return None
+        if isinstance(utterance, SpeechPaused) and self.pause_transcribed is not None:
+            self.pause_transcribed(utterance, text)
         self.emit(
             TranscriptReady(
                 turn, time.monotonic_ns(), text, result.asr_ms, tuple(held.turns), result.window,

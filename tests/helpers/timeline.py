@@ -19,7 +19,7 @@ from assistant.events import Event
 from assistant.stages.endpoint import SmartTurnPolicy
 from assistant.stages.smart_turn import TurnScore
 from assistant.stages.vad import CHUNK_MS, CHUNK_NS, CHUNK_SAMPLES, Endpointer
-from assistant.turns.engine import Action, Judge, MicBlock, TurnEngine, TurnRules
+from assistant.turns.engine import Action, Judge, MicBlock, Start, TurnEngine, TurnRules
 
 LOUD, QUIET = 0.5, 0.0
 
@@ -111,6 +111,11 @@ class Script:
         actions = self.engine.overlap_heard(judge.turn_id, text, self.t_ns)
         self._apply(actions)
         return actions
+
+    def transcribes(self, text: str, run: int = -1) -> None:
+        """The ASR of a speculative run (the newest by default) finished with ``text``."""
+        pause = [a for a in self.of(Start) if not a.confirmed][run].first
+        self.endpointer.policy.transcribed(pause.t_ns, text)
 
     def ends(self, attempt: int) -> None:
         """The attempt's thread returns."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from assistant.config.sections import VadOptions
+from assistant.config.sections import TurnOptions, VadOptions
 from assistant.events import (
     CancelReason,
     DiscardReason,
@@ -83,6 +83,36 @@ def test_an_unsure_model_ends_the_turn_at_the_silence_cap_not_before():
     assert [round(d.silence_ms) for d in decisions[:2]] == [224, 544]  # scored again every 300 ms
     assert decisions[-1].complete and decisions[-1].silence_ms >= 1200
     assert len(s.of(Confirm)) == 1  # the speculative run, confirmed at the cap
+
+
+def test_a_question_mark_in_the_speculative_transcript_ends_the_turn_after_half_a_second():
+    """Smart Turn called "Can you tell me what the capital of France is?" unfinished (0.11)."""
+    s = Script(probabilities=[0.11]).speak(1000).pause(320)
+    s.transcribes("Can you tell me what the capital of France is?")
+    s.pause(1000)
+    decisions = [e for e in s.events if isinstance(e, TurnDecision)]
+    assert [(d.reason, d.complete) for d in decisions] == [("model", False), ("question", True)]
+    assert decisions[-1].probability == pytest.approx(0.11) and decisions[-1].silence_ms == 512
+    assert len(s.of(Confirm)) == 1  # the speculative run, confirmed at the question
+
+
+def test_without_a_question_mark_an_unsure_turn_still_waits_for_the_cap():
+    s = Script(probabilities=[0.11]).speak(1000).pause(320)
+    s.transcribes("I was wondering...")
+    s.pause(1000)
+    assert [e.reason for e in s.events if isinstance(e, TurnDecision) and e.complete] == ["max silence"]
+
+
+def test_a_late_question_of_an_earlier_pause_does_not_end_the_next_one():
+    """The user went on: the discarded run's transcript ("What is the weather?") came late."""
+    s = Script(probabilities=[0.11]).speak(1000).pause(320).speak(600).pause(160)
+    s.transcribes("What is the weather?", run=0)
+    s.pause(1200)
+    assert [e.reason for e in s.events if isinstance(e, TurnDecision) and e.complete] == ["max silence"]
+    s = Script(probabilities=[0.11], turn=TurnOptions(question_ms=0)).speak(1000).pause(320)
+    s.transcribes("What is the weather?")  # and question_ms 0 turns the rule off
+    s.pause(1000)
+    assert [e.reason for e in s.events if isinstance(e, TurnDecision) and e.complete] == ["max silence"]
 
 
 def test_speech_after_the_endpoint_but_before_the_reply_rejoins_the_turn():
