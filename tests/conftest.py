@@ -140,6 +140,7 @@ REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
 RIDING_FILES = frozenset(
     {
         "tests/integration/test_asr_torch.py",
+        "tests/integration/test_benchmarks_run.py",
         "tests/integration/test_cli_model_errors.py",
         "tests/integration/test_leftovers.py",
         "tests/integration/test_long_conversations.py",
