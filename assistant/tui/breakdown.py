@@ -43,14 +43,19 @@ def fmt_ms(value: float | None) -> str:
 
 
 def _detector(record: TurnRecord, narrow: bool) -> str:
-    """What ended the turn: ``turn p0.93 62 ms``, ``max silence``, ``fixed silence``."""
+    """What ended the turn: the model (``p0.93/62 ms``), or a rule and the model's last score.
+
+    ``question p0.03``, ``max silence p0.11`` (the score says why the model did not end it),
+    ``fixed silence``.
+    """
     ms = record.metrics.get("turn_detection_ms")
-    if record.turn_probability is not None and ms is not None:
-        if narrow:  # its ms are in the statistics table
-            return f"p{record.turn_probability:.2f}"
-        return f"p{record.turn_probability:.2f}/{ms:.0f} ms"
     p = record.turn_probability
-    return record.turn_detector.removesuffix("" if p is None else f" {p:.2f}")
+    if p is not None and ms is not None:
+        if narrow:  # its ms are in the statistics table
+            return f"p{p:.2f}"
+        return f"p{p:.2f}/{ms:.0f} ms"
+    rule = record.turn_detector.removesuffix("" if p is None else f" {p:.2f}")
+    return rule if p is None else f"{rule} p{p:.2f}"
 
 
 class LatencyBreakdown(Static):
