@@ -5,7 +5,8 @@ ones on the other (tests/conftest.py). Each compute test holds this run's lock f
 test marked ``quiet`` holds it exclusively, so while it runs the compute worker starts no test
 (it waits for the one in progress to end). Outside pytest-xdist there is no lock.
 
-Only the echo rig's scenarios (``test_full_duplex.py``) are marked: beside the compute worker,
+Only the echo rig's scenarios with echo cancellation on (``test_full_duplex.py``) are marked
+(the half-duplex ones gate the microphone or hear the echo whatever the load): beside the compute worker,
 even at nice 19, a reply of the echo-only scenario lost its echo cancellation for a moment and
 paused twice for its own echo (ERLE 14 dB against 24-35 dB for the other replies: once in two
 full runs of 2026-12-05 without the lock; docs/benchmarks.md). The live pause tests and the

@@ -18,7 +18,9 @@ from bench.duplex_rig import LiveApp, burst, next_turn, reply_playing, settle, u
 from bench.echo_rig import echo_path
 
 pytest.importorskip("livekit")
-pytestmark = pytest.mark.quiet  # the echo rig's scenarios: see tests/helpers/quiet.py
+# The scenarios with echo cancellation on run alone (``quiet``, tests/helpers/quiet.py); the
+# half-duplex ones do not depend on it and run beside the compute worker.
+quiet = pytest.mark.quiet
 
 LONG_QUESTION = "Tell me about the history of Paris."
 REPLIES_ECHO_ONLY = 20
@@ -57,6 +59,7 @@ def echo_only(pulse, tmp_path_factory) -> tuple[LiveApp, str]:
         return typed_replies(pulse, tmp_path_factory.mktemp("echo-only"), REPLIES_ECHO_ONLY)
 
 
+@quiet
 def test_echo_alone_never_interrupts_and_is_never_transcribed(echo_only) -> None:
     """20 replies play with their echo in the microphone: no barge-in, no word of theirs heard."""
     app, stderr = echo_only
@@ -166,6 +169,7 @@ def stop_request(pulse, tmp_path_factory) -> Spoken:
     return play_scenarios(pulse, folder, [("stop", stop, AFTER_WINDOW_S)])
 
 
+@quiet
 def test_a_backchannel_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
     assert spoken.of("ReplyPaused", "backchannel"), "".join(spoken.app.lines)
     heard = spoken.of("OverlapHeard", "backchannel")[0]
@@ -176,6 +180,7 @@ def test_a_backchannel_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
     assert heard["overlap_turn"] not in spoken.app.records()  # "uh-huh" was not answered
 
 
+@quiet
 def test_a_cough_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
     assert not spoken.of("BargeIn", "cough")
     if spoken.of("ReplyPaused", "cough"):  # heard as the start of speech: paused, then resumed
@@ -183,6 +188,7 @@ def test_a_cough_over_the_reply_lets_it_play_on(spoken: Spoken) -> None:
     assert spoken.app.records()[spoken.turns["cough"]]["cancelled"] == ""
 
 
+@quiet
 def test_stop_stops_the_reply_and_is_not_answered(stop_request: Spoken) -> None:
     heard = stop_request.of("OverlapHeard", "stop")[-1]
     assert heard["verdict"] == "stop", (heard["text"], heard["verdict"], stop_request.stderr[-1500:])
@@ -191,6 +197,7 @@ def test_stop_stops_the_reply_and_is_not_answered(stop_request: Spoken) -> None:
     assert heard["overlap_turn"] not in stop_request.app.records()
 
 
+@quiet
 def test_speech_over_the_reply_pauses_it_at_its_onset_and_is_answered(spoken: Spoken) -> None:
     """The reply pauses at the speech's onset, before its words are known, then stops.
 
@@ -210,6 +217,7 @@ def test_speech_over_the_reply_pauses_it_at_its_onset_and_is_answered(spoken: Sp
     assert "germany" in answer["transcript"].lower() and answer["cancelled"] == "", answer
 
 
+@quiet
 def test_a_question_continued_after_its_reply_began_is_answered_as_one_turn(spoken: Spoken) -> None:
     """ "I would like to know" ... the reply starts ... "how many days are in a week?" """
     records = spoken.app.records()
