@@ -221,7 +221,7 @@ def settings_flags(parser: argparse.ArgumentParser, command: str = "assistant") 
         dest="turn.question_ms",
         type=int,
         metavar="MS",
-        help='silence that ends a turn transcribed as a question ("...?"), whatever the model says (0: off)',
+        help="silence that ends a turn heard as a question of 5+ words, whatever the model says (0: off)",
     )
     add(
         VOICE,

@@ -69,8 +69,9 @@ class TurnOptions:
     ``continuation_ms``: in full duplex, words spoken over a reply that begin this soon after
     its first audio are the rest of the question: the reply is dropped and the question
     answered whole (docs/voice.md, "Full duplex").
-    ``question_ms``: when the speculative transcript of the pause ends with "?", the turn
-    ends after this much silence whatever Smart Turn says (0: never; needs ``speculate``).
+    ``question_ms``: when the speculative transcript of the pause is a question of five words
+    or more, the turn ends after this much silence whatever Smart Turn says (0: never; needs
+    ``speculate``).
     """
 
     detection: str = "smart-turn"

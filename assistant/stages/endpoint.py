@@ -3,8 +3,9 @@
 After ``pause_ms`` of silence the model scores the utterance; a probability at or above
 ``threshold`` ends the turn at once, below it the endpointer keeps listening and scores again
 every ``rescore_ms``, and ``max_silence_ms`` of silence ends the turn whatever the model says.
-A pause whose speculative transcript ends with "?" ends it after ``question_ms``: Smart Turn
-called some whole questions unfinished, and they waited for the cap.
+A pause whose speculative transcript is a question of :data:`QUESTION_MIN_WORDS` words or more
+ends it after ``question_ms``: Smart Turn called some whole questions unfinished, and they
+waited for the cap.
 ``detection = "off"`` is the fixed silence of ``[vad] end_silence_ms``. Defaults and why:
 docs/voice.md.
 """
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
     from assistant.stages.smart_turn import SmartTurn
 
 logger = logging.getLogger(__name__)
+
+# A question this short may open a longer one ("Can you tell me? ... what time it is", "Do you
+# know?"): Whisper punctuates such openers as questions, and the model may rightly call them
+# unfinished. They wait for the model; the rule is for whole questions it misses.
+QUESTION_MIN_WORDS = 5
 
 
 class SmartTurnPolicy:
@@ -53,7 +59,8 @@ class SmartTurnPolicy:
 
         One of an earlier pause that finished late is ignored in :meth:`decide`.
         """
-        if text.rstrip().endswith("?"):
+        text = text.strip()
+        if text.endswith("?") and len(text.split()) >= QUESTION_MIN_WORDS:
             self.question_t_ns = paused_t_ns
 
     def decide(

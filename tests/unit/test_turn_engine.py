@@ -103,6 +103,19 @@ def test_without_a_question_mark_an_unsure_turn_still_waits_for_the_cap():
     assert [e.reason for e in s.events if isinstance(e, TurnDecision) and e.complete] == ["max silence"]
 
 
+def test_a_short_question_that_may_open_a_longer_one_waits_for_the_model():
+    """ "Can you tell me? ... what time it is": Whisper writes the opener as a question."""
+    s = Script(probabilities=[0.11]).speak(1000).pause(320)
+    s.transcribes("Can you tell me?")
+    s.pause(600)
+    assert not [e for e in s.events if isinstance(e, TurnDecision) and e.complete]  # listening on
+    s.speak(800).pause(320)
+    s.transcribes("Can you tell me what time it is?")
+    s.pause(600)
+    (end,) = [e for e in s.events if isinstance(e, TurnDecision) and e.complete]
+    assert end.reason == "question" and s.event_kinds().count("SpeechEnded") == 1
+
+
 def test_a_late_question_of_an_earlier_pause_does_not_end_the_next_one():
     """The user went on: the discarded run's transcript ("What is the weather?") came late."""
     s = Script(probabilities=[0.11]).speak(1000).pause(320).speak(600).pause(160)
