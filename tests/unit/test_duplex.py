@@ -89,6 +89,15 @@ def capture(
         mic.blocks.put((near[i : i + BLOCK], t + BLOCK_NS))
 
 
+def cleaned(duplex: Duplex, speaker: ScriptedSpeaker, far: np.ndarray, near: np.ndarray, t0: int) -> None:
+    """The speaker's blocks and the microphone's through ``duplex.clean``, block by block on one clock."""
+    assert speaker.far_end is not None
+    for i in range(0, len(near) - BLOCK + 1, BLOCK):
+        t = t0 + (i // BLOCK) * BLOCK_NS
+        speaker.far_end.append((far[i : i + BLOCK], t))
+        duplex.clean(near[i : i + BLOCK], t + BLOCK_NS)
+
+
 def canceller() -> EchoCanceller:
     options = EchoOptions()
     return EchoCanceller(options, load_processor(options))
@@ -115,11 +124,7 @@ def test_without_the_probe_it_stays_half_duplex_until_a_reply_converges_it() -> 
     duplex.start(events.append)
     assert not speaker.played and not duplex.full_duplex
     reply = probe_signal(2.0, -20)
-    assert speaker.far_end is not None
-    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
-        t = 10**12 + (i // BLOCK) * BLOCK_NS
-        speaker.far_end.append((reply[i : i + BLOCK], t))
-        duplex.clean(room(reply)[i : i + BLOCK], t + BLOCK_NS)
+    cleaned(duplex, speaker, reply, room(reply), t0=10**12)
     assert duplex.full_duplex and isinstance(events[-1], EchoState) and events[-1].full_duplex
     erle, _delay = duplex.report()
     assert erle is not None and erle > 10 and duplex.report()[0] is None  # per reply: reset
@@ -137,16 +142,15 @@ def test_an_echo_that_appears_mid_session_is_reported_once_cancelled() -> None:
     reply = probe_signal(6.0, -20)
     near = room(reply)
     near[: 3 * 16000] = 0  # a headset for 3 s, then the speakers
-    assert speaker.far_end is not None
-    reasons = []
-    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
-        t = 10**12 + (i // BLOCK) * BLOCK_NS
-        speaker.far_end.append((reply[i : i + BLOCK], t))
-        duplex.clean(near[i : i + BLOCK], t + BLOCK_NS)
-        reasons = [e.reason for e in events if isinstance(e, EchoState) and e.full_duplex]
-        if i == 3 * 16000 - BLOCK:
-            assert len(reasons) == 1 and "no echo heard" in reasons[0], reasons
-    assert len(reasons) == 2 and "echo cancelled (ERLE" in reasons[1], reasons
+    headset = 3 * 16000 // BLOCK * BLOCK  # the blocks before the echo path
+
+    def reasons() -> list[str]:
+        return [e.reason for e in events if isinstance(e, EchoState) and e.full_duplex]
+
+    cleaned(duplex, speaker, reply[:headset], near[:headset], t0=10**12)
+    assert len(reasons()) == 1 and "no echo heard" in reasons()[0], reasons()
+    cleaned(duplex, speaker, reply[headset:], near[headset:], t0=10**12 + headset // BLOCK * BLOCK_NS)
+    assert len(reasons()) == 2 and "echo cancelled (ERLE" in reasons()[1], reasons()
 
 
 def test_a_user_talking_over_replies_on_a_headset_does_not_change_the_report() -> None:
@@ -157,11 +161,7 @@ def test_a_user_talking_over_replies_on_a_headset_does_not_change_the_report() -
     user = np.zeros_like(reply)
     voice = np.random.default_rng(3).standard_normal(len(user) - 3 * 16000)  # not the reply
     user[3 * 16000 :] = 0.1 * np.convolve(voice, np.ones(4) / 4, mode="same")
-    assert speaker.far_end is not None
-    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
-        t = 10**12 + (i // BLOCK) * BLOCK_NS
-        speaker.far_end.append((reply[i : i + BLOCK], t))
-        duplex.clean(user[i : i + BLOCK], t + BLOCK_NS)
+    cleaned(duplex, speaker, reply, user, t0=10**12)
     reasons = [e.reason for e in events if isinstance(e, EchoState) and e.full_duplex]
     assert len(reasons) == 1 and "no echo heard" in reasons[0], reasons
 
