@@ -68,11 +68,10 @@ class SmartTurnPolicy:
     ) -> TurnDecision | None:
         """Score at ``pause_ms`` and every ``rescore_ms`` after; complete at the threshold or the cap."""
         opts = self.options
+        p = self.last.probability if self.last else None  # the model's last look, for a rule's ending
         if silence_ms >= opts.max_silence_ms:
-            p = self.last.probability if self.last else None
             return TurnDecision(turn_id, t_ns, True, p, 0.0, silence_ms, "max silence")
         if opts.question_ms and silence_ms >= opts.question_ms and self.question_t_ns == self.paused_t_ns:
-            p = self.last.probability if self.last else None
             return TurnDecision(turn_id, t_ns, True, p, 0.0, silence_ms, "question")
         if silence_ms < self.next_score_ms:
             return None
