@@ -57,14 +57,15 @@ start)
 echo)
   # Every loopback this script loads carries this tag in its arguments, so "off" unloads only them.
   tag=assistant-echo
+  ours() { pactl list short modules | awk -v t="$tag" '$2 == "module-loopback" && index($0, t) {print $1}'; }
   if [[ "${2:-}" == mute || "${2:-}" == unmute ]]; then
-    for id in $(pactl list short modules | awk -v t="$tag" '$2 == "module-loopback" && index($0, t) {print $1}'); do
+    for id in $(ours); do
       input=$(pactl list sink-inputs | awk -v m="$id" '/^Sink Input #/ {i = substr($3, 2)} $1 == "Owner" && $3 == m {print i}')
       pactl set-sink-input-mute "$input" "$([[ "$2" == mute ]] && echo 1 || echo 0)"
     done
     exit 0
   fi
-  for id in $(pactl list short modules | awk -v t="$tag" '$2 == "module-loopback" && index($0, t) {print $1}'); do
+  for id in $(ours); do
     pactl unload-module "$id"
   done
   case "${2:-}" in
