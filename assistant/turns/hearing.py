@@ -130,13 +130,12 @@ class Hearing:
                 candidates = stop_candidates(text)
                 heard, *scores = self.transcriber.phrase_logprobs(audio, [text, *candidates])
                 stops = dict(zip(candidates, scores, strict=True))
-                if stop := spotted_stop(heard, stops):
-                    logger.info(
-                        "heard %r over the reply, scored as %r (%.2f vs %.2f a token)",
-                        text,
-                        stop,
-                        stops[stop],
-                        heard,
-                    )
+                stop = spotted_stop(heard, stops)
+                best = max(stops, key=stops.__getitem__)
+                logger.info(
+                    "heard %r over the reply: %r scored %.2f a token against its %.2f (%s)",
+                    text, best, stops[best], heard, "a stop request" if stop else "words",
+                )  # fmt: skip
+                if stop:
                     return stop
         return text

@@ -250,9 +250,12 @@ def test_only_a_few_words_that_are_not_a_stop_request_are_scored_against_one(tex
 
 
 def test_a_stop_phrase_nearly_as_likely_as_the_heard_words_is_what_was_said() -> None:
-    """Scores measured with tiny.en (bench.stop_spotting): "Please up" -0.47, "Please stop." -0.88."""
+    """Scores measured with tiny.en: "Please up" -0.47, "Please stop." -0.88 (bench.stop_spotting)."""
     assert spotted_stop(-0.47, {"Please stop.": -0.88, "Stop it.": -6.0}) == "Please stop."
+    # "Please stop." said 3 dB down over a reply on the echo rig, heard "Leave me up." (-v log)
+    assert spotted_stop(-1.28, {"Please stop.": -2.98, "Hold on.": -6.0}) == "Please stop."
     assert spotted_stop(-0.24, {"Please stop.": -3.75, "Hold on.": -6.0}) is None  # "Please continue."
+    assert spotted_stop(-0.36, {"Please stop.": -3.78}) is None  # the closest real words measured
     assert spotted_stop(-1.0, {"Stop.": -2.1, "Wait.": -1.9}) == "Wait."  # the likelier one
     assert spotted_stop(-1.0, {}) is None
 
