@@ -34,7 +34,7 @@ def questions(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fit-window")
     return [
         (text, speak(text, folder, f"q{i}", speed_wpm=VOICES[i % 5][1], voice=VOICES[i % 5][0]))
-        for i, text in enumerate(SHORT_QUESTIONS[:8])
+        for i, text in enumerate(SHORT_QUESTIONS[: len(VOICES)])  # a question in each voice
     ]
 
 

@@ -23,6 +23,10 @@ pytest.importorskip("livekit")
 quiet = pytest.mark.quiet
 
 LONG_QUESTION = "Tell me about the history of Paris."
+# Replies are spoken at twice espeak-ng's default rate: no rule here depends on it (the overlaps
+# begin 0.2-2.6 s into replies that last 4 s or more), and the module's real time is what the
+# quiet tests cost the suite (they run alone).
+FAST = ("--tts-rate", "350")
 REPLIES_ECHO_ONLY = 20
 AFTER_WINDOW_S = 2.6  # past the 1.8 s continuation window (from the reply's first audio)
 
@@ -35,7 +39,7 @@ def typed_replies(
     Returns once ``count`` turns are done, or as soon as an ``until`` event other than
     ``TurnDone`` appears.
     """
-    app = LiveApp(pulse, folder, "--max-new-tokens", "8", *args)
+    app = LiveApp(pulse, folder, "--max-new-tokens", "8", *FAST, *args)
     try:
         app.wait_line("listening on")
         for i in range(count):
@@ -118,7 +122,7 @@ def play_scenarios(pulse: dict[str, str], folder: Path, scenarios: list[tuple[st
     long_q = utterance(folder, LONG_QUESTION, "long")
     first_half = utterance(folder, "I would like to know", "first")
     with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
-        app = LiveApp(pulse, folder, "--max-new-tokens", "40")
+        app = LiveApp(pulse, folder, "--max-new-tokens", "40", *FAST)
         run = Spoken(app)
         try:
             app.wait_line("listening on")
