@@ -23,9 +23,11 @@ pytest.importorskip("livekit")
 quiet = pytest.mark.quiet
 
 LONG_QUESTION = "Tell me about the history of Paris."
-# Replies are spoken at twice espeak-ng's default rate: no rule here depends on it (the overlaps
-# begin 0.2-2.6 s into replies that last 4 s or more), and the module's real time is what the
-# quiet tests cost the suite (they run alone).
+# The spoken scenarios' replies are spoken at twice espeak-ng's default rate: no rule there
+# depends on it (the overlaps begin 0.2-2.6 s into replies that last 4 s or more), and the
+# module's real time is what the quiet tests cost the suite (they run alone). The echo-only
+# replies keep the default rate: with 350 wpm a fresh-clone run heard three onsets in the
+# first replies (paused, "no words", resumed), which no run at the default rate had shown.
 FAST = ("--tts-rate", "350")
 REPLIES_ECHO_ONLY = 20
 AFTER_WINDOW_S = 2.6  # past the 1.8 s continuation window (from the reply's first audio)
@@ -39,7 +41,7 @@ def typed_replies(
     Returns once ``count`` turns are done, or as soon as an ``until`` event other than
     ``TurnDone`` appears.
     """
-    app = LiveApp(pulse, folder, "--max-new-tokens", "8", *FAST, *args)
+    app = LiveApp(pulse, folder, "--max-new-tokens", "8", *args)
     try:
         app.wait_line("listening on")
         for i in range(count):
