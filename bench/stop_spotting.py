@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                     "greedy_logprob": round(heard, 2),
                     "best_stop": SPOTTED_STOPS[int(np.argmax(stops))] if stops else "",
                     "best_stop_logprob": round(max(stops), 2) if stops else None,
-                    "heard": hearing.transcribe_overlap(audio),
+                    "heard": hearing.transcribe_overlap(audio).text,
                     "greedy_ms": round(
                         timed_ms(lambda a=audio: asr.transcribe(a, quick=True), args.repeats), 1
                     ),

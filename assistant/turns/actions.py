@@ -13,12 +13,17 @@ from assistant.events import DiscardReason, Event
 
 @dataclass(frozen=True)
 class Start:
-    """Run ``first`` (an utterance, typed text or recorded speech) as ``attempt``'s turn."""
+    """Run ``first`` (an utterance, typed text or recorded speech) as ``attempt``'s turn.
+
+    ``heard``: the transcript of ``first``'s audio when it is known already (the judge's, of
+    speech over a reply that became this turn): the run needs no ASR pass of its own.
+    """
 
     attempt: int
     turn_id: int
     first: object
     confirmed: bool
+    heard: object = None
 
 
 @dataclass(frozen=True)

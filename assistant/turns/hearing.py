@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -49,13 +50,24 @@ class Hearing:
         """``turn`` is answered, held or discarded: partial transcripts of later speech again."""
         self._transcribing.discard(turn)
 
-    def transcribe(self, audio: np.ndarray) -> tuple[TranscriptResult, str, HeldSpeech, np.ndarray]:
+    def transcribe(
+        self, audio: np.ndarray, heard: TranscriptResult | None = None
+    ) -> tuple[TranscriptResult, str, HeldSpeech, np.ndarray]:
         """A turn's words with the held speech before them.
 
         Returns the result, the whole text (held clips first), the held speech it answers and
-        the audio transcribed (held audio + ``audio``).
+        the audio transcribed (held audio + ``audio``). ``heard``: ``audio``'s words, known
+        already (the overlap judge's): after a continued question they follow its words, and
+        no ASR pass runs. They stand for a pass only when the fitted window gave them: greedy
+        there read within the noise of the turn's beam 5 (-0.1 to +0.7 WER points on the
+        107-utterance corpus, docs/benchmarks.md), greedy on the 30 s window (a fallback's)
+        lost 1.9-2.4. Speech held from length cuts is transcribed with ``audio`` as usual.
         """
         held = self.held
+        usable = heard is not None and heard.window == "fit" and not heard.fell_back
+        if heard is not None and usable and (held.continued or not held.turns):
+            text = " ".join([held.said, heard.text.strip()]).strip()
+            return heard, text, held, np.concatenate([held.audio, audio]) if held.turns else audio
         if held.turns:
             audio = np.concatenate([held.audio, audio])
         with self.lock:
@@ -67,10 +79,10 @@ class Hearing:
         if self.held is held:
             self.held = HeldSpeech()
 
-    def continue_with(self, turn: int, audio: np.ndarray) -> None:
-        """The user went on after ``turn``'s reply began: its speech is answered with the rest."""
+    def continue_with(self, turn: int, audio: np.ndarray, text: str) -> None:
+        """The user went on after ``turn``'s reply began: its speech (``text``) is answered with the rest."""
         gap = np.zeros(CONTINUATION_GAP_SAMPLES, np.float32)
-        self.held = HeldSpeech([turn], [], np.concatenate([audio, gap]), continued=True)
+        self.held = HeldSpeech([turn], [], np.concatenate([audio, gap]), continued=True, said=text)
 
     def hold(self, turn: int, audio: np.ndarray) -> None:
         """Keep a turn cut for length; transcribe the held speech's clips that became final."""
@@ -109,15 +121,18 @@ class Hearing:
             audio_ms = 1000 * audio.size / SAMPLE_RATE_HZ
             self.emit(PartialTranscript(turn, time.monotonic_ns(), text, audio_ms, result.asr_ms))
 
-    def transcribe_overlap(self, audio: np.ndarray) -> str:
-        """The words of speech over a reply (greedy: they only decide what the speech was).
+    def transcribe_overlap(self, audio: np.ndarray) -> TranscriptResult:
+        """The words of speech over a reply (greedy: quick, as the reply is held meanwhile).
 
-        Nothing when Whisper itself doubts there was speech (``no_speech_prob``): a hum or a
-        cough it would otherwise put words to. Words that failed Whisper's checks (left out of
-        the text) still count when they ask to stop: "Please stop." over a reply on speakers came
-        out as a doubtful "the top." and the reply played on. A few words that are not a stop
-        request are scored against the stop phrases (:func:`~assistant.turns.overlap.spotted_stop`):
-        the canceller's double-talk suppression turned "Please stop." into "Please come.".
+        They decide what the speech was, and when they take the floor they may be its turn's
+        transcript (:class:`~assistant.turns.actions.Start` ``heard``, :meth:`transcribe`).
+        Nothing (``text`` empty) when Whisper itself doubts there was speech
+        (``no_speech_prob``): a hum or a cough it would otherwise put words to. Words that
+        failed Whisper's checks (left out of the text) still count when they ask to stop:
+        "Please stop." over a reply on speakers came out as a doubtful "the top." and the reply
+        played on. A few words that are not a stop request are scored against the stop phrases
+        (:func:`~assistant.turns.overlap.spotted_stop`): the canceller's double-talk suppression
+        turned "Please stop." into "Please come.".
         """
         with self.lock:
             result = self.transcriber.transcribe(audio, quick=True)
@@ -125,7 +140,7 @@ class Hearing:
             if not text and judge(result.left_out) is OverlapVerdict.STOP:
                 text = result.left_out  # a doubtful "the top." is still a request to stop
             if result.no_speech_prob >= OVERLAP_NO_SPEECH:
-                return ""
+                return replace(result, text="")
             if worth_spotting(text):
                 candidates = stop_candidates(text)
                 heard, *scores = self.transcriber.phrase_logprobs(audio, [text, *candidates])
@@ -137,5 +152,5 @@ class Hearing:
                     text, best, stops[best], heard, "a stop request" if stop else "words",
                 )  # fmt: skip
                 if stop:
-                    return stop
-        return text
+                    return replace(result, text=stop)
+        return replace(result, text=text)

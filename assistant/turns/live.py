@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from assistant.events import Event, MicLevel, SpeechEnded
+from assistant.stages.asr import TranscriptResult
 from assistant.stages.audio import AudioSink, Microphone, Speaker
 from assistant.stages.devices import DeviceWatch
 from assistant.stages.endpoint import TurnOptions
@@ -167,10 +168,10 @@ class LiveLoop:
         with self.floor:
             return self.engine.claim_audio(attempt, time.monotonic_ns())
 
-    def _overlap_heard(self, turn: int, text: str, now_ns: int) -> None:
+    def _overlap_heard(self, turn: int, transcript: TranscriptResult, now_ns: int) -> None:
         """The words of speech over a reply (``overlap-asr`` thread): the engine decides."""
         with self.floor:
-            self._apply(self.engine.overlap_heard(turn, text, now_ns))
+            self._apply(self.engine.overlap_heard(turn, transcript.text, now_ns, transcript))
 
     def _maybe_partial(self) -> None:
         """Hand the utterance in progress to the partial-transcript thread when it is due."""

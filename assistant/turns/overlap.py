@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from assistant.events import (
     Event,
@@ -31,6 +31,7 @@ from assistant.turns.actions import (
     Judge,
     PauseReply,
     ResumeReply,
+    Start,
     StopSpeaker,
 )
 from assistant.turns.rules import Attempt, TurnRules
@@ -198,6 +199,7 @@ class Overlap:
     rejoined: bool = False  # the endpointer joined the speech to the reply's own turn
     stale: bool = False  # speech came back while it was being judged
     pending: object = None
+    judged: object = None  # the event whose audio is being (or was last) judged
 
 
 class OverlapRules:
@@ -217,8 +219,13 @@ class OverlapRules:
     def _find(self, attempt_id: int) -> Attempt | None:
         raise NotImplementedError  # the engine's
 
-    def overlap_heard(self, turn_id: int, text: str, now_ns: int) -> list[Action]:
-        """The transcript of the speech over the reply (:class:`Judge`): resume, stop, cut or continue."""
+    def overlap_heard(self, turn_id: int, text: str, now_ns: int, transcript: object = None) -> list[Action]:
+        """The transcript of the speech over the reply (:class:`Judge`): resume, stop, cut or continue.
+
+        ``transcript``: the judge's whole result (``text`` is its words). When the words take
+        the floor and the speech has not gone on since the audio judged, the run started for
+        it gets them (``Start.heard``): the answer does not wait for a second ASR pass.
+        """
         ov = self.overlap
         if ov is None or ov.turn_id != turn_id or not ov.judging:
             return []
@@ -256,7 +263,10 @@ class OverlapRules:
         self.overlap = None  # words: from here on an ordinary turn
         if ov.pending is not None:  # its pause or end came while it was judged: act on it now
             assert isinstance(ov.pending, Event)
-            actions += self.handle(ov.pending, now_ns)
+            follow = self.handle(ov.pending, now_ns)
+            if transcript is not None and _same_speech(ov.judged, ov.pending):
+                follow = [replace(a, heard=transcript) if isinstance(a, Start) else a for a in follow]
+            actions += follow
         return actions
 
     def _barge_in(self, attempt: Attempt, ov: Overlap) -> list[Action]:
@@ -302,8 +312,24 @@ class OverlapRules:
 
     def _judge(self, ov: Overlap) -> list[Action]:
         assert isinstance(ov.pending, SpeechPaused | SpeechEnded | OnsetEnded)
-        ov.judging = True
+        ov.judging, ov.judged = True, ov.pending
         return [Judge(ov.turn_id, ov.pending.audio)]
+
+
+def _same_speech(judged: object, pending: object) -> bool:
+    """Whether ``pending`` (a pause or end to act on) holds no speech beyond the audio ``judged``.
+
+    A pause and the end after it share their last speech sample; speech that came back in
+    between moved it. An end cut for length is held, never answered with judged words.
+    """
+    if isinstance(pending, SpeechEnded) and pending.cut:
+        return False
+    return (
+        isinstance(judged, SpeechPaused | SpeechEnded)
+        and isinstance(pending, SpeechPaused | SpeechEnded)
+        and judged.turn_id == pending.turn_id
+        and judged.speech_end_t_ns == pending.speech_end_t_ns
+    )
 
 
 def _spoken_ms(ov: Overlap) -> float:

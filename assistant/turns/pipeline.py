@@ -27,6 +27,7 @@ from assistant.events import (
     TurnCancelled,
 )
 from assistant.observe.latency import TurnRecord
+from assistant.stages.asr import TranscriptResult
 from assistant.stages.audio import AudioSink
 from assistant.stages.dialogue import Dialogue, Reply
 from assistant.turns.hearing import Hearing
@@ -78,8 +79,12 @@ class VoicePipeline:
         sink: AudioSink | None,
         cancel: threading.Event,
         gate: ReplyGate | None = None,
+        heard: TranscriptResult | None = None,
     ) -> TurnRecord | None:
         """Answer one utterance; returns its record once the reply has played (or was cut).
+
+        ``heard``: the utterance's words, transcribed already (speech over a reply, judged):
+        no ASR pass runs for it (:meth:`Hearing.transcribe`).
 
         With an unconfirmed ``gate`` (speculation from a ``SpeechPaused``) the work starts at
         once but waits for the gate before playing or recording anything; a discarded gate
@@ -100,7 +105,7 @@ class VoicePipeline:
         if isinstance(utterance, SpeechEnded) and utterance.cut:
             hearing.hold(turn, utterance.audio)
             return None
-        result, text, held, audio = hearing.transcribe(utterance.audio)
+        result, text, held, audio = hearing.transcribe(utterance.audio, heard)
         if gate.discarded:
             self._discarded(turn, start_ns, gate.reason)
             return None
@@ -123,7 +128,7 @@ class VoicePipeline:
         if record is not None:
             hearing.answered(held)
         if gate.joins_next and gate.hold_speech:  # the user went on: answer it all next turn
-            hearing.continue_with(turn, audio)
+            hearing.continue_with(turn, audio, text)
         return record
 
     def run_text_turn(

@@ -92,6 +92,7 @@ class HeldSpeech:
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     continued: bool = False  # a question the user went on with after its reply began (not cut)
+    said: str = ""  # continued: the transcript of ``audio`` (the question before the user went on)
 
 
 class ReplyGate:

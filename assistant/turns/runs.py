@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from assistant.events import SpeechEnded, SpeechPaused
+from assistant.stages.asr import TranscriptResult
 from assistant.stages.audio import AudioSink
 from assistant.turns.actions import Start
 from assistant.turns.pipeline import VoicePipeline
@@ -71,7 +72,8 @@ class TurnRuns:
                     self.pipeline.run_text_turn(start.turn_id, start.first, sink, run.cancel, run.gate)
                 else:
                     assert isinstance(start.first, SpeechEnded | SpeechPaused)
-                    self.pipeline.run_turn(start.first, sink, run.cancel, run.gate)
+                    assert start.heard is None or isinstance(start.heard, TranscriptResult)
+                    self.pipeline.run_turn(start.first, sink, run.cancel, run.gate, start.heard)
             finally:
                 self.ended(start.attempt)
 

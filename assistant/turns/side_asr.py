@@ -14,14 +14,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from assistant.stages.asr import TranscriptResult
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.pipeline import VoicePipeline
 
 
 class SideTranscripts:
-    """The partial-transcript and overlap threads; ``heard(turn, text, now_ns)`` gets overlaps' words."""
+    """The partial-transcript and overlap threads; ``heard(turn, transcript, now_ns)`` gets overlaps'."""
 
-    def __init__(self, pipeline: VoicePipeline, heard: Callable[[int, str, int], None]) -> None:
+    def __init__(self, pipeline: VoicePipeline, heard: Callable[[int, TranscriptResult, int], None]) -> None:
         self.pipeline = pipeline
         self.heard = heard
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
@@ -66,5 +67,5 @@ class SideTranscripts:
     def _judge_worker(self) -> None:
         while (item := self.judgements.get()) is not None:
             turn, audio = item
-            text = self.pipeline.hearing.transcribe_overlap(audio)
-            self.heard(turn, text, time.monotonic_ns())
+            transcript = self.pipeline.hearing.transcribe_overlap(audio)
+            self.heard(turn, transcript, time.monotonic_ns())

@@ -105,10 +105,10 @@ class Script:
         """The reply's TTS thread asks to play its first piece."""
         return self.engine.claim_audio(attempt, self.t_ns)
 
-    def judged(self, text: str) -> list[Action]:
-        """The judge thread transcribed the newest speech over the reply as ``text``."""
+    def judged(self, text: str, transcript: object = None) -> list[Action]:
+        """The judge thread heard the newest speech over the reply as ``text`` (``transcript``: all of it)."""
         judge = self.of(Judge)[-1]
-        actions = self.engine.overlap_heard(judge.turn_id, text, self.t_ns)
+        actions = self.engine.overlap_heard(judge.turn_id, text, self.t_ns, transcript)
         self._apply(actions)
         return actions
 

@@ -42,14 +42,16 @@ def test_a_stop_request_with_its_middle_suppressed_is_heard_as_one(asr: Transcri
     audio = suppressed_middle(spoken(tmp_path, "Hold on."), ms=250, db=-35)
     greedy = asr.transcribe(audio, quick=True).text
     assert judge(greedy) is OverlapVerdict.BARGE_IN, greedy  # mangled: the words alone are no stop request
-    assert Hearing(asr, lambda _event: None).transcribe_overlap(audio) == "Hold on.", greedy
+    assert Hearing(asr, lambda _event: None).transcribe_overlap(audio).text == "Hold on.", greedy
 
 
 def test_please_stop_with_its_middle_suppressed_is_a_stop_request_by_its_words(
     asr: Transcriber, tmp_path: Path
 ) -> None:
-    heard = Hearing(asr, lambda _event: None).transcribe_overlap(
-        suppressed_middle(spoken(tmp_path, "Please stop."))
+    heard = (
+        Hearing(asr, lambda _event: None)
+        .transcribe_overlap(suppressed_middle(spoken(tmp_path, "Please stop.")))
+        .text
     )
     assert judge(heard) is OverlapVerdict.STOP, heard
 
@@ -60,7 +62,7 @@ def test_please_stop_with_its_middle_suppressed_is_a_stop_request_by_its_words(
 def test_words_that_are_no_stop_request_are_kept(asr: Transcriber, tmp_path: Path, text: str) -> None:
     hearing = Hearing(asr, lambda _event: None)
     for audio in (spoken(tmp_path, text), suppressed_middle(spoken(tmp_path, text))):
-        heard = hearing.transcribe_overlap(audio)
+        heard = hearing.transcribe_overlap(audio).text
         assert judge(heard) is not OverlapVerdict.STOP, heard
 
 

@@ -129,6 +129,31 @@ def test_the_rest_of_the_question_soon_after_the_reply_began_continues_the_turn(
     assert answer.turn_id == 2 and (answer.confirmed or Confirm(answer.attempt) in s.of(Confirm))
 
 
+def test_the_judged_words_of_the_rest_are_its_transcript_so_no_second_asr_pass_runs():
+    """The continued question's run gets the judge's transcript (``Start.heard``), as does a barge-in's."""
+    judged = object()  # the judge's TranscriptResult: the engine only hands it on
+    s, first = replying(after_ms=300)
+    s.speak(900).pause(140)
+    s.judged("how many days are in a week", judged)
+    (answer,) = [a for a in s.of(Start) if a.turn_id == 2]
+    assert answer.heard is judged and s.of(ContinueTurn)
+    late, _ = replying(after_ms=2500)
+    late.speak(900).pause(300)
+    late.judged("what about germany", judged)
+    assert late.of(BargeIn) and late.of(Start)[-1].heard is judged
+
+
+def test_words_judged_at_a_pause_the_user_went_on_from_are_not_the_transcript_of_the_longer_speech():
+    judged = object()
+    s, first = replying(after_ms=300, scores=(0.9, 0.1, 0.1, 0.9))
+    s.speak(600).pause(140)  # judged at this pause...
+    s.speak(600).pause(140)  # ...while the user goes on and pauses again
+    s.judged("how many days", judged)
+    assert s.of(ContinueTurn)
+    (answer,) = [a for a in s.of(Start) if a.turn_id == 2]
+    assert answer.heard is None  # its run transcribes the whole of it
+
+
 def test_words_after_the_continuation_window_are_a_barge_in_and_the_next_turn():
     s, first = replying(rules=TurnRules(continuation_ms=1800), after_ms=2000)
     s.speak(900).pause(300)

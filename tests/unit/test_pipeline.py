@@ -364,7 +364,7 @@ def test_speech_over_a_reply_that_failed_whispers_checks_still_stops_it_when_it_
     from assistant.turns.hearing import Hearing
 
     hearing = Hearing(DoubtfulTranscriber(left_out), lambda _event: None)
-    assert hearing.transcribe_overlap(np.zeros(RATE, np.float32)) == heard
+    assert hearing.transcribe_overlap(np.zeros(RATE, np.float32)).text == heard
 
 
 class MishearingTranscriber:
@@ -397,7 +397,7 @@ def test_a_few_words_over_a_reply_that_score_as_a_stop_request_are_one(text, sco
     from assistant.turns.hearing import Hearing
 
     asr = MishearingTranscriber(text, scores)
-    assert Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(RATE, np.float32)) == heard
+    assert Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(RATE, np.float32)).text == heard
     assert asr.scored and asr.scored[0][0] == text
 
 
@@ -411,3 +411,44 @@ def test_stop_requests_backchannels_long_words_and_doubtful_speech_are_not_score
     asr = MishearingTranscriber(text, {}, no_speech)
     Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(RATE, np.float32))
     assert asr.scored == []
+
+
+def test_after_a_continuation_the_judged_words_follow_the_first_half_with_no_asr_pass():
+    """The rest of a question, judged over the reply, needs no second pass on the joined audio."""
+    from assistant.turns.hearing import CONTINUATION_GAP_SAMPLES, Hearing
+
+    asr = ScriptedAsr(["I would like to know how many days are in a week?"])
+    hearing = Hearing(asr, lambda _event: None)
+    hearing.continue_with(1, np.zeros(RATE, np.float32), "I would like to know")
+    judged = TranscriptResult("how many days are in a week?", 900.0, 80.0, "en", 0.0, window="fit")
+    result, text, held, audio = hearing.transcribe(np.zeros(RATE, np.float32), judged)
+    assert (result, text) == (judged, "I would like to know how many days are in a week?")
+    assert asr.heard == [] and held.turns == [1] and audio.size == 2 * RATE + CONTINUATION_GAP_SAMPLES
+    _, text, _, _ = hearing.transcribe(np.zeros(RATE, np.float32))  # no judged words: one joined pass
+    assert asr.heard == [(2 * RATE + CONTINUATION_GAP_SAMPLES, False, False)]
+    assert text == "I would like to know how many days are in a week?"
+
+
+@pytest.mark.parametrize(("window", "fell_back"), [("full", False), ("full", True)])
+def test_judged_words_from_the_30_s_window_do_not_stand_for_the_turns_pass(window, fell_back):
+    """Greedy on the 30 s window (every fallback's) lost 1.9-2.4 WER points against beam 5."""
+    from assistant.turns.hearing import Hearing
+
+    asr = ScriptedAsr(["I would like to know how many days are in a week?"])
+    hearing = Hearing(asr, lambda _event: None)
+    hearing.continue_with(1, np.zeros(RATE, np.float32), "I would like to know")
+    judged = TranscriptResult("how many days are in a weak", 900.0, 500.0, "en", 0.0, window=window,
+                              fell_back=fell_back)  # fmt: skip
+    result, text, _, _ = hearing.transcribe(np.zeros(RATE, np.float32), judged)
+    assert len(asr.heard) == 1 and text == "I would like to know how many days are in a week?"
+
+
+def test_judged_words_never_stand_for_speech_held_from_length_cuts():
+    from assistant.turns.hearing import Hearing
+
+    asr = ScriptedAsr(["the held rest and the end"])
+    hearing = Hearing(asr, lambda _event: None)
+    hearing.hold(1, np.zeros(RATE, np.float32))  # cut for length: its audio is not transcribed yet
+    judged = TranscriptResult("the end", 900.0, 80.0, "en", 0.0, window="fit")
+    _, text, _, _ = hearing.transcribe(np.zeros(RATE, np.float32), judged)
+    assert text == "the held rest and the end" and asr.heard == [(2 * RATE, False, True)]
