@@ -15,8 +15,9 @@ from assistant.events import DiscardReason, Event
 class Start:
     """Run ``first`` (an utterance, typed text or recorded speech) as ``attempt``'s turn.
 
-    ``heard``: the transcript of ``first``'s audio when it is known already (the judge's, of
-    speech over a reply that became this turn): the run needs no ASR pass of its own.
+    ``heard``: the transcript of the held question and ``first``'s audio when it is known
+    already (the judge's, of the rest of a question said over its reply): the run needs no ASR
+    pass of its own.
     """
 
     attempt: int
@@ -86,11 +87,14 @@ class ContinueTurn:
 class Judge:
     """Transcribe ``audio``, the speech of turn ``turn_id`` over a reply.
 
-    Its words go to :meth:`~assistant.turns.engine.TurnEngine.overlap_heard`.
+    Its words go to :meth:`~assistant.turns.engine.TurnEngine.overlap_heard`. ``joined_with``:
+    the attempt whose question the speech may continue (0: none); it is transcribed after
+    what that attempt said.
     """
 
     turn_id: int
     audio: object
+    joined_with: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from dataclasses import replace
 import numpy as np
 
 from assistant.events import Event, MicLevel, SpeechEnded
-from assistant.stages.asr import TranscriptResult
 from assistant.stages.audio import AudioSink, Microphone, Speaker
 from assistant.stages.devices import DeviceWatch
 from assistant.stages.endpoint import TurnOptions
@@ -25,6 +24,7 @@ from assistant.turns.capture import Capture
 from assistant.turns.carry_out import Carrier
 from assistant.turns.duplex import Duplex
 from assistant.turns.engine import Action, MicBlock, TurnEngine, TurnRules
+from assistant.turns.hearing import Overheard
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.runs import TurnRuns
 from assistant.turns.side_asr import SideTranscripts
@@ -168,10 +168,10 @@ class LiveLoop:
         with self.floor:
             return self.engine.claim_audio(attempt, time.monotonic_ns())
 
-    def _overlap_heard(self, turn: int, transcript: TranscriptResult, now_ns: int) -> None:
+    def _overlap_heard(self, turn: int, overheard: Overheard, now_ns: int) -> None:
         """The words of speech over a reply (``overlap-asr`` thread): the engine decides."""
         with self.floor:
-            self._apply(self.engine.overlap_heard(turn, transcript.text, now_ns, transcript))
+            self._apply(self.engine.overlap_heard(turn, overheard.text, now_ns, overheard.joined))
 
     def _maybe_partial(self) -> None:
         """Hand the utterance in progress to the partial-transcript thread when it is due."""

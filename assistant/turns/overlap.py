@@ -104,6 +104,21 @@ def judge(text: str) -> OverlapVerdict:
     return OverlapVerdict.BARGE_IN
 
 
+def rest_after(question: str, text: str) -> str:
+    """The words of ``text`` after those of ``question`` (the reply's question, transcribed alone).
+
+    ``text`` is the question and the speech over its reply transcribed together, where Whisper
+    may write the question a little differently ("Can you tell me?" becomes "Can you tell me
+    what ..."): the rest starts after the last word of ``text`` matched to the question's.
+    """
+    asked = normalise(question).split()
+    words = text.split()
+    keys = [normalise(w) for w in words]
+    blocks = difflib.SequenceMatcher(a=asked, b=keys, autojunk=False).get_matching_blocks()
+    end = max((b.b + b.size for b in blocks if b.size), default=0)
+    return " ".join(words[end:]).strip()
+
+
 def worth_spotting(text: str) -> bool:
     """Whether ``text`` heard over a reply could be a mangled stop request: a few words, not stop."""
     return judge(text) is OverlapVerdict.BARGE_IN and len(normalise(text).split()) <= MAX_STOP_WORDS
@@ -219,12 +234,13 @@ class OverlapRules:
     def _find(self, attempt_id: int) -> Attempt | None:
         raise NotImplementedError  # the engine's
 
-    def overlap_heard(self, turn_id: int, text: str, now_ns: int, transcript: object = None) -> list[Action]:
+    def overlap_heard(self, turn_id: int, text: str, now_ns: int, joined: object = None) -> list[Action]:
         """The transcript of the speech over the reply (:class:`Judge`): resume, stop, cut or continue.
 
-        ``transcript``: the judge's whole result (``text`` is its words). When the words take
-        the floor and the speech has not gone on since the audio judged, the run started for
-        it gets them (``Start.heard``): the answer does not wait for a second ASR pass.
+        ``joined``: the question and the speech transcribed together (a ``Judge`` with
+        ``joined_with``). When the words continue the question and the user has not gone on
+        since the audio judged, the run started for them gets it (``Start.heard``): the whole
+        question is known, and the answer waits for no second ASR pass.
         """
         ov = self.overlap
         if ov is None or ov.turn_id != turn_id or not ov.judging:
@@ -264,8 +280,9 @@ class OverlapRules:
         if ov.pending is not None:  # its pause or end came while it was judged: act on it now
             assert isinstance(ov.pending, Event)
             follow = self.handle(ov.pending, now_ns)
-            if transcript is not None and _same_speech(ov.judged, ov.pending):
-                follow = [replace(a, heard=transcript) if isinstance(a, Start) else a for a in follow]
+            continued = any(isinstance(a, ContinueTurn) and a.hold for a in actions)
+            if continued and joined is not None and _same_speech(ov.judged, ov.pending):
+                follow = [replace(a, heard=joined) if isinstance(a, Start) else a for a in follow]
             actions += follow
         return actions
 
@@ -313,7 +330,10 @@ class OverlapRules:
     def _judge(self, ov: Overlap) -> list[Action]:
         assert isinstance(ov.pending, SpeechPaused | SpeechEnded | OnsetEnded)
         ov.judging, ov.judged = True, ov.pending
-        return [Judge(ov.turn_id, ov.pending.audio)]
+        # In the window the speech may be the rest of the reply's question (held, unless the
+        # endpointer joined it to that turn already): judge it joined to the question.
+        joined_with = ov.attempt if ov.continuation and not ov.rejoined else 0
+        return [Judge(ov.turn_id, ov.pending.audio, joined_with)]
 
 
 def _same_speech(judged: object, pending: object) -> bool:

@@ -31,7 +31,7 @@ from assistant.stages.asr import TranscriptResult
 from assistant.stages.audio import AudioSink
 from assistant.stages.dialogue import Dialogue, Reply
 from assistant.turns.hearing import Hearing
-from assistant.turns.protocols import PipelineOptions, ReplyGate, Splits, Synthesizes, Transcribes
+from assistant.turns.protocols import PipelineOptions, ReplyGate, Said, Splits, Synthesizes, Transcribes
 from assistant.turns.reply_stream import stream_reply
 from assistant.turns.speaking import ReplyAudio
 from assistant.turns.turn_log import TurnLog
@@ -83,8 +83,9 @@ class VoicePipeline:
     ) -> TurnRecord | None:
         """Answer one utterance; returns its record once the reply has played (or was cut).
 
-        ``heard``: the utterance's words, transcribed already (speech over a reply, judged):
-        no ASR pass runs for it (:meth:`Hearing.transcribe`).
+        ``heard``: the words of the held question and the utterance, transcribed already (the
+        rest of a question, judged joined to it over the reply): no ASR pass runs for it
+        (:meth:`Hearing.transcribe`).
 
         With an unconfirmed ``gate`` (speculation from a ``SpeechPaused``) the work starts at
         once but waits for the gate before playing or recording anything; a discarded gate
@@ -106,6 +107,7 @@ class VoicePipeline:
             hearing.hold(turn, utterance.audio)
             return None
         result, text, held, audio = hearing.transcribe(utterance.audio, heard)
+        gate.said = Said(audio, text)
         if gate.discarded:
             self._discarded(turn, start_ns, gate.reason)
             return None
@@ -128,7 +130,7 @@ class VoicePipeline:
         if record is not None:
             hearing.answered(held)
         if gate.joins_next and gate.hold_speech:  # the user went on: answer it all next turn
-            hearing.continue_with(turn, audio, text)
+            hearing.continue_with(turn, audio)
         return record
 
     def run_text_turn(

@@ -92,7 +92,14 @@ class HeldSpeech:
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     continued: bool = False  # a question the user went on with after its reply began (not cut)
-    said: str = ""  # continued: the transcript of ``audio`` (the question before the user went on)
+
+
+@dataclass(frozen=True)
+class Said:
+    """A turn's speech as transcribed (held speech included) and its words."""
+
+    audio: np.ndarray
+    text: str
 
 
 class ReplyGate:
@@ -112,6 +119,9 @@ class ReplyGate:
         self.hold_speech = False
         self.reason = DiscardReason.SPEECH_RESUMED
         self.claim_audio = claim_audio
+        # What the turn said, once transcribed: speech over its reply in the continuation
+        # window is judged joined to it (:meth:`~assistant.turns.hearing.Hearing.transcribe_overlap`).
+        self.said: Said | None = None
         if confirmed:
             self.confirmed.set()
 

@@ -14,20 +14,21 @@ from collections.abc import Callable
 
 import numpy as np
 
-from assistant.stages.asr import TranscriptResult
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
+from assistant.turns.hearing import Overheard
 from assistant.turns.pipeline import VoicePipeline
+from assistant.turns.protocols import Said
 
 
 class SideTranscripts:
-    """The partial-transcript and overlap threads; ``heard(turn, transcript, now_ns)`` gets overlaps'."""
+    """The partial-transcript and overlap threads; ``heard(turn, overheard, now_ns)`` gets overlaps'."""
 
-    def __init__(self, pipeline: VoicePipeline, heard: Callable[[int, TranscriptResult, int], None]) -> None:
+    def __init__(self, pipeline: VoicePipeline, heard: Callable[[int, Overheard, int], None]) -> None:
         self.pipeline = pipeline
         self.heard = heard
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
         self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
-        self.judgements: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue()
+        self.judgements: queue.Queue[tuple[int, np.ndarray, Said | None] | None] = queue.Queue()
         self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
 
     def start(self, partials: bool) -> None:
@@ -49,9 +50,9 @@ class SideTranscripts:
         if due(audio_ms, in_speech):
             self.partials.put_nowait((ep.turn_id, np.concatenate(ep.chunks)))
 
-    def judge(self, turn: int, audio: np.ndarray) -> None:
-        """Transcribe speech over a reply; its words go to ``heard``."""
-        self.judgements.put((turn, audio))
+    def judge(self, turn: int, audio: np.ndarray, said: Said | None = None) -> None:
+        """Transcribe speech over a reply (after ``said``: its question); its words go to ``heard``."""
+        self.judgements.put((turn, audio, said))
 
     def stop(self) -> None:
         """End and join both threads."""
@@ -66,6 +67,6 @@ class SideTranscripts:
 
     def _judge_worker(self) -> None:
         while (item := self.judgements.get()) is not None:
-            turn, audio = item
-            transcript = self.pipeline.hearing.transcribe_overlap(audio)
-            self.heard(turn, transcript, time.monotonic_ns())
+            turn, audio, said = item
+            overheard = self.pipeline.hearing.transcribe_overlap(audio, said)
+            self.heard(turn, overheard, time.monotonic_ns())

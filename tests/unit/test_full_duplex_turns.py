@@ -24,7 +24,14 @@ from assistant.turns.engine import (
     StopSpeaker,
     TurnRules,
 )
-from assistant.turns.overlap import judge, spotted_stop, starts_with_stop, stop_candidates, worth_spotting
+from assistant.turns.overlap import (
+    judge,
+    rest_after,
+    spotted_stop,
+    starts_with_stop,
+    stop_candidates,
+    worth_spotting,
+)
 from tests.helpers.timeline import Script
 
 
@@ -129,22 +136,27 @@ def test_the_rest_of_the_question_soon_after_the_reply_began_continues_the_turn(
     assert answer.turn_id == 2 and (answer.confirmed or Confirm(answer.attempt) in s.of(Confirm))
 
 
-def test_the_judged_words_of_the_rest_are_its_transcript_so_no_second_asr_pass_runs():
-    """The continued question's run gets the judge's transcript (``Start.heard``), as does a barge-in's."""
-    judged = object()  # the judge's TranscriptResult: the engine only hands it on
+def test_speech_in_the_window_is_judged_joined_to_the_question_and_that_transcript_answers_it():
+    """The rest of the question gets the joined transcript (``Start.heard``): no second ASR pass."""
+    joined = object()  # the judge's TranscriptResult of question + rest: the engine only hands it on
     s, first = replying(after_ms=300)
     s.speak(900).pause(140)
-    s.judged("how many days are in a week", judged)
+    assert s.of(Judge)[-1].joined_with == first.attempt
+    s.judged("how many days are in a week", joined)
     (answer,) = [a for a in s.of(Start) if a.turn_id == 2]
-    assert answer.heard is judged and s.of(ContinueTurn)
-    late, _ = replying(after_ms=2500)
-    late.speak(900).pause(300)
-    late.judged("what about germany", judged)
-    assert late.of(BargeIn) and late.of(Start)[-1].heard is judged
+    assert answer.heard is joined and s.of(ContinueTurn) == [ContinueTurn(first.attempt, hold=True)]
+
+
+def test_later_speech_is_judged_alone_and_its_turn_transcribes_it():
+    s, first = replying(after_ms=2500)
+    s.speak(900).pause(300)
+    assert s.of(Judge)[-1].joined_with == 0
+    s.judged("what about germany", object())
+    assert s.of(BargeIn) and s.of(Start)[-1].heard is None
 
 
 def test_words_judged_at_a_pause_the_user_went_on_from_are_not_the_transcript_of_the_longer_speech():
-    judged = object()
+    judged = object()  # question + the rest up to the first pause
     s, first = replying(after_ms=300, scores=(0.9, 0.1, 0.1, 0.9))
     s.speak(600).pause(140)  # judged at this pause...
     s.speak(600).pause(140)  # ...while the user goes on and pauses again
@@ -272,6 +284,29 @@ def test_what_speech_over_a_reply_is_judged_from_its_words(text: str, verdict: O
 )
 def test_only_a_few_words_that_are_not_a_stop_request_are_scored_against_one(text: str, worth: bool) -> None:
     assert worth_spotting(text) is worth
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "rest"),
+    [
+        (
+            "I would like to know",
+            "I would like to know how many days are in a week.",
+            "how many days are in a week.",
+        ),
+        (
+            "Can you tell me?",
+            "Can you tell me what the capital of France is?",
+            "what the capital of France is?",
+        ),
+        ("Tell me about the history of Paris.", "Tell me about the history of Paris. Uh-huh.", "Uh-huh."),
+        ("Tell me about the history of Paris.", "Tell me about the history of Paris.", ""),  # a cough
+        ("I was wondering...", "I was wondering which planet is closest?", "which planet is closest?"),
+        ("What is the largest", "What is the biggest, the largest ocean?", "ocean?"),  # the last match
+    ],
+)
+def test_the_rest_is_the_words_after_the_question(question: str, text: str, rest: str) -> None:
+    assert rest_after(question, text) == rest
 
 
 def test_a_stop_phrase_nearly_as_likely_as_the_heard_words_is_what_was_said() -> None:
