@@ -120,10 +120,11 @@ class Hearing:
 
         ``said``: the question of the reply, when the speech began in the continuation window
         and may be its rest. Then the question and the speech are transcribed joined, as the
-        turn would transcribe them (its beam), and the words after the question's decide;
-        when they are its rest, the joined transcript is the turn's (``Overheard.joined``), so
-        it needs no pass of its own. The rest transcribed alone read 16.5 % WER against 10.7 %
-        joined (``bench.asr_halves``). Else (later speech) greedy, on the speech alone.
+        turn would transcribe them (its beam), and the words after the question's decide (stop
+        words count, phrases are not scored); when they are its rest, the joined transcript is
+        the turn's (``Overheard.joined``), so it needs no pass of its own. The rest transcribed
+        alone read 16.5 % WER against 10.7 % joined (``bench.asr_halves``). Else (later
+        speech) greedy, on the speech alone.
 
         Nothing (``text`` empty) when Whisper itself doubts there was speech
         (``no_speech_prob``): a hum or a cough it would otherwise put words to. Words that
@@ -144,7 +145,10 @@ class Hearing:
                     text = result.left_out  # a doubtful "the top." is still a request to stop
             if doubtful:
                 return Overheard("")
-            if worth_spotting(text):
+            # Scoring stop phrases is for greedy words of the speech alone, mangled under the reply
+            # (measured so): the rest of a joined pass scores poorly on its fragment of audio, and
+            # "who wrote", cut by a pause, was once taken for "Hold on." that way.
+            if said is None and worth_spotting(text):
                 candidates = stop_candidates(text)
                 heard, *scores = self.transcriber.phrase_logprobs(audio, [text, *candidates])
                 stops = dict(zip(candidates, scores, strict=True))

@@ -453,3 +453,15 @@ def test_a_joined_transcript_never_stands_for_speech_that_is_not_a_held_question
     hearing.hold(1, np.zeros(RATE, np.float32))  # cut for length: its audio is not transcribed yet
     _, text, _, _ = hearing.transcribe(np.zeros(RATE, np.float32), TranscriptResult("x", 1.0, 1.0, "en", 0.0))
     assert text == "the held rest and the end" and asr.heard == [(2 * RATE, False, True)]
+
+
+def test_the_rest_of_a_joined_pass_is_not_scored_against_stop_phrases():
+    """A bench run took "who wrote" (the rest up to a pause) for "Hold on." and dropped the question."""
+    from assistant.turns.hearing import Hearing
+    from assistant.turns.protocols import Said
+
+    asr = MishearingTranscriber("Do you know who wrote", {"who wrote": -2.5, "Hold on.": -4.0})
+    overheard = Hearing(asr, lambda _event: None).transcribe_overlap(
+        np.zeros(RATE, np.float32), Said(np.zeros(RATE, np.float32), "Do you know?")
+    )
+    assert overheard.text == "who wrote" and asr.scored == []
