@@ -26,7 +26,7 @@ import soundfile
 from assistant.config import ModelSettings
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.turns.hearing import Hearing
-from assistant.turns.overlap import SPOTTED_STOPS
+from assistant.turns.overlap_words import SPOTTED_STOPS
 from bench.duplex_rig import utterance
 from store.bundled import ModelStore
 

@@ -19,7 +19,7 @@ import numpy as np
 from assistant.events import Event, OverlapVerdict, PartialTranscript, TurnHeld
 from assistant.stages.asr import TranscriptResult, first_clip_end
 from assistant.stages.vad import SAMPLE_RATE_HZ
-from assistant.turns.overlap import judge, rest_after, spotted_stop, stop_candidates, worth_spotting
+from assistant.turns.overlap_words import judge, rest_after, spotted_stop, stop_candidates, worth_spotting
 from assistant.turns.protocols import HeldSpeech, Said, Transcribes
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Hearing:
         failed Whisper's checks (left out of the text) still count when they ask to stop:
         "Please stop." over a reply on speakers came out as a doubtful "the top." and the reply
         played on. A few words that are not a stop request are scored against the stop phrases
-        (:func:`~assistant.turns.overlap.spotted_stop`): the canceller's double-talk suppression
+        (:func:`~assistant.turns.overlap_words.spotted_stop`): the canceller's double-talk suppression
         turned "Please stop." into "Please come.".
         """
         with self.lock:

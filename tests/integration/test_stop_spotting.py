@@ -19,7 +19,7 @@ import soundfile
 from assistant.events import OverlapVerdict
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.turns.hearing import Hearing
-from assistant.turns.overlap import judge
+from assistant.turns.overlap_words import judge
 from bench.duplex_rig import utterance
 from bench.stop_spotting import suppressed_middle
 from store.bundled import ModelStore

@@ -24,7 +24,7 @@ from assistant.turns.engine import (
     StopSpeaker,
     TurnRules,
 )
-from assistant.turns.overlap import (
+from assistant.turns.overlap_words import (
     judge,
     rest_after,
     spotted_stop,
