@@ -115,17 +115,18 @@ class OverlapRules:
             words = OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), OverlapVerdict.CONTINUATION)
             heard = Emit(words)
             actions: list[Action] = [heard]
+            held = live is not None and not ov.rejoined  # its question is held for this turn
             if live is not None:
                 live.cancelled = True
                 actions += [ContinueTurn(live.id, hold=not ov.rejoined), StopSpeaker()]
         else:
+            held = False
             actions = [heard, *(self._barge_in(live, ov) if live is not None else [])]
         self.overlap = None  # words: from here on an ordinary turn
         if ov.pending is not None:  # its pause or end came while it was judged: act on it now
             assert isinstance(ov.pending, Event)
             follow = self.handle(ov.pending, now_ns)
-            continued = any(isinstance(a, ContinueTurn) and a.hold for a in actions)
-            if continued and joined is not None and _same_speech(ov.judged, ov.pending):
+            if held and joined is not None and _same_speech(ov.judged, ov.pending):
                 follow = [replace(a, heard=joined) if isinstance(a, Start) else a for a in follow]
             actions += follow
         return actions
