@@ -70,7 +70,8 @@ fi
 (( piper )) && extras="${extras:+$extras,}piper"
 (( serve )) && extras="${extras:+$extras,}serve"
 stamp=.venv/.setup-stamp
-want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
+# Installed again when pyproject.toml or scripts/byte_compile.py changes.
+want="$(sha256sum pyproject.toml scripts/byte_compile.py | cut -c1-16 | tr -d '\n') extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
 have=$(cat "$stamp" 2>/dev/null || true)
 # A failed TensorRT install is recorded, not retried at every start (run.sh runs setup each time).
 if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; then
@@ -97,6 +98,10 @@ if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; the
       outcome=" (tensorrt install failed)"
     fi
   fi
+  # The .pyc of what the app (and the tests) import, which --no-compile left out: where
+  # PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile them at every start.
+  which=(); (( dev )) && which=(--dev)
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} .venv/bin/python scripts/byte_compile.py "${which[@]}"
   echo "$want$outcome" > "$stamp"
 fi
 
