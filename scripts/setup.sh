@@ -98,10 +98,9 @@ if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; the
       outcome=" (tensorrt install failed)"
     fi
   fi
-  # The .pyc of what the app (and the tests) import, which --no-compile left out: where
+  # The .pyc of what the app imports, which --no-compile left out: where
   # PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile them at every start.
-  which=(); (( dev )) && which=(--dev)
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} .venv/bin/python scripts/byte_compile.py "${which[@]}"
+  .venv/bin/python scripts/byte_compile.py
   echo "$want$outcome" > "$stamp"
 fi
 
