@@ -150,23 +150,9 @@ RIDING_FILES = frozenset(
 )
 
 
-# Files on a third worker: each brings its own server (a private PulseAudio it kills and
-# hangs, Triton servers) and spends most of its time waiting on it, so it needs neither the
-# shared sound server nor a core of its own; the other two workers' idle time serves it.
-ASIDE_FILES = frozenset(
-    {
-        "tests/integration/test_serve_triton.py",
-        "tests/integration/test_sound_server_lost.py",
-    }
-)
-
-
 def group_of(nodeid: str) -> str:
-    """``real-time`` (:data:`REAL_TIME_FILES`, :data:`RIDING_FILES`), ``aside`` or ``compute``."""
-    path = nodeid.split("::")[0]
-    if path in REAL_TIME_FILES | RIDING_FILES:
-        return "real-time"
-    return "aside" if path in ASIDE_FILES else "compute"
+    """``real-time`` for a test in :data:`REAL_TIME_FILES` or :data:`RIDING_FILES`, else ``compute``."""
+    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES | RIDING_FILES else "compute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -194,45 +180,40 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Three groups for ``scripts/test.sh``'s three workers, each group on one worker.
+    """Two groups for ``scripts/test.sh``'s two workers, each group on one worker.
 
     The ``real-time`` tests (:data:`REAL_TIME_FILES`: audio played and recorded at speed, mostly
     waiting) run on one worker while the ``compute`` tests (parity, builds, the accuracy gate,
-    the unit tests) run on another at the lowest CPU priority and the ``aside`` ones
-    (:data:`ASIDE_FILES`) on a third below the audio tests (:func:`pytest_runtest_setup`), so
-    the audio tests keep the CPU they would have alone. (pytest-xdist's own ``loadgroup`` does
-    not group under pytest 9: it marks ``Item._nodeid``, which pytest 9 no longer reads.)
+    the unit tests) run on the other at the lowest CPU priority (:func:`pytest_runtest_setup`),
+    so the audio tests keep the CPU they would have alone. (pytest-xdist's own ``loadgroup``
+    does not group under pytest 9: it marks ``Item._nodeid``, which pytest 9 no longer reads.)
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    class Groups(LoadScopeScheduling):
+    class TwoGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
-    return Groups(config, log)
-
-
-NICE = {"compute": 19, "aside": 10}
+    return TwoGroups(config, log)
 
 
 def pytest_runtest_setup(item):
-    """A pytest-xdist worker running the ``compute`` or ``aside`` group lowers its CPU priority, for good."""
-    nice = NICE.get(group_of(item.nodeid), 0)
-    if os.environ.get("PYTEST_XDIST_WORKER") and os.nice(0) < nice:
-        os.nice(nice - os.nice(0))
+    """A pytest-xdist worker running the ``compute`` group lowers its CPU priority (once: for good)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) == "compute" and os.nice(0) < 19:
+        os.nice(19 - os.nice(0))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A compute test runs only while no ``quiet`` test runs, and a ``quiet`` test alone.
 
-    Under pytest-xdist every compute and aside test holds the run's lock shared and a test marked
+    Under pytest-xdist every compute test holds the run's lock shared and a test marked
     ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
     whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
     rig's scenarios played) runs before any function-scoped fixture would take it, and it is
     often the heaviest part of a test.
     """
-    if group_of(item.nodeid) != "real-time":
+    if group_of(item.nodeid) == "compute":
         lock = holding(exclusive=False)
     elif item.get_closest_marker("quiet"):
         lock = holding(exclusive=True)
