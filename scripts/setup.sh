@@ -70,8 +70,7 @@ fi
 (( piper )) && extras="${extras:+$extras,}piper"
 (( serve )) && extras="${extras:+$extras,}serve"
 stamp=.venv/.setup-stamp
-# Installed again when pyproject.toml or scripts/byte_compile.py changes.
-want="$(sha256sum pyproject.toml scripts/byte_compile.py | cut -c1-16 | tr -d '\n') extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
+want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
 have=$(cat "$stamp" 2>/dev/null || true)
 # A failed TensorRT install is recorded, not retried at every start (run.sh runs setup each time).
 if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; then
@@ -98,9 +97,6 @@ if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; the
       outcome=" (tensorrt install failed)"
     fi
   fi
-  # The .pyc of what the app imports, which --no-compile left out: where
-  # PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile them at every start.
-  .venv/bin/python scripts/byte_compile.py
   echo "$want$outcome" > "$stamp"
 fi
 

@@ -66,7 +66,6 @@ def fake_project(root: Path) -> None:
     """setup.sh and the decision module as they are, a stand-in project, a fake nvidia-smi."""
     for path in (
         "scripts/setup.sh",
-        "scripts/byte_compile.py",
         "setup_gpu.py",
         "engines/__init__.py",
         "engines/tensorrt/__init__.py",
