@@ -10,7 +10,12 @@ Each configuration runs the real app (``assistant run --no-tui``) on the private
    reply: the reaction (reply paused or stopped, minus the speech's onset), and whether the
    new question was answered;
 3. paused questions: the first half, the reply starts, 0.2 s later the second half: the share
-   of the second half's words in no transcript (words lost), and voice-to-voice of the answer.
+   of the second half's words in no transcript (words lost), and voice-to-voice of the answer;
+4. backchannels: a long question, then "Uh-huh.", "Okay.", "Right.", "Yeah." or "Mm-hmm." 1.0 s
+   into its reply (inside the continuation window): how long the reply stayed paused, and
+   whether it was cut instead of resumed.
+
+``--parts`` runs some of them (default all).
 
 ``before`` is a checkout of the code before full duplex (``--before DIR``, its own venv), run
 with ``--barge-in`` in part 1 and 2 (without it nothing is heard over a reply at all). Prints
@@ -43,6 +48,10 @@ PAUSED = [  # (first half, second half)
     ("Can you tell me", "the name of the closest star?"),
     ("How many legs", "does a spider have?"),
 ]
+
+
+BACKCHANNELS = ("Uh-huh.", "Okay.", "Right.", "Yeah.", "Mm-hmm.")
+PARTS = ("echo", "barge", "paused", "backchannel")
 
 
 def norm(text: str) -> list[str]:
@@ -87,6 +96,13 @@ def echo_only(env: dict, folder: Path, checkout: Path | None, replies: int, flag
     return {"replies": done, "false_interruptions": false, "speech_heard": heard, "erle_db": erle}
 
 
+def talk_result(trials: int) -> dict:
+    """What the spoken parts fill in; ``failed``: trials whose reply never came (the app's output)."""
+    return {"trials": trials, "reactions_ms": [], "answered": 0, "words_lost": [], "v2v_ms": []} | {
+        "backchannel_paused_ms": [], "backchannel_cut": [], "failed": []
+    }
+
+
 def spoken(
     env: dict, folder: Path, checkout: Path | None, trials: int, flags: list[str], parts: tuple[Callable, ...]
 ) -> dict:
@@ -96,8 +112,7 @@ def spoken(
         (utterance(folder, a, f"a{i}"), utterance(folder, b, f"b{i}"), b) for i, (a, b) in enumerate(PAUSED)
     ]
     app = App(env, folder, checkout, "--max-new-tokens", "60", "--temperature", "0", *flags)
-    result: dict = {"reactions_ms": [], "answered": 0, "trials": trials, "words_lost": [], "v2v_ms": []}
-    result["failed"] = []  # trials whose reply never came (what happened: the app's own output)
+    result = talk_result(trials)
     try:
         app.wait_line("listening on", 300)
         for k in range(trials):
@@ -156,6 +171,28 @@ def paused(app: App, result: dict, k: int, _long: Path, _germany: Path, halves: 
         result["v2v_ms"].append(v2v)
 
 
+def backchannel(app: App, result: dict, k: int, long_q: Path, _germany: Path, _halves: list) -> None:
+    """A long question; 1.0 s into its reply a backchannel: how long the reply holds, or is it cut."""
+    folder = long_q.parent
+    text = BACKCHANNELS[k % len(BACKCHANNELS)]
+    wav = utterance(folder, text, f"backchannel{k % len(BACKCHANNELS)}")
+    mark = len(app.events())
+    app.say(long_q)
+    turn = next_turn(app, mark, timeout_s=30)
+    reply_playing(app, turn, mark, timeout_s=30)
+    time.sleep(1.0)
+    app.say(wav)
+    settle(app, timeout_s=40)
+    ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
+    resumed = [e["paused_ms"] for e in ev if e["event"] == "ReplyResumed"]
+    heard = [f"{e['text']!r} ({e['verdict']})" for e in ev if e["event"] == "OverlapHeard"]
+    cancelled = app.records().get(turn, {}).get("cancelled", "")
+    if cancelled:
+        result["backchannel_cut"].append(f"{text} heard as {', '.join(heard)}: {cancelled}")
+    elif resumed:  # the backchannel's pause (a long reply may pause again later, for its echo)
+        result["backchannel_paused_ms"].append(resumed[0])
+
+
 def cpu_per_frame() -> dict:
     """The capture path's echo cancellation per 10 ms frame (far end fed, resampled, processed)."""
     from assistant.config.sections import EchoOptions
@@ -206,10 +243,17 @@ def table(results: dict) -> str:
     row("trials with no reply to speak over", lambda r: str(len(r["spoken"]["failed"])))
     row("new question answered", lambda r: f"{r['spoken']['answered']}/{r['spoken']['trials']}")
     row(
-        "second-half words lost (paused)", lambda r: f(100 * float(np.mean(r["spoken"]["words_lost"]))) + " %"
+        "second-half words lost (paused)",
+        lambda r: f(100 * float(np.mean(lost))) + " %" if (lost := r["spoken"]["words_lost"]) else "-",
     )
     row("voice-to-voice median (ms)", lambda r: f(pct(r["spoken"]["v2v_ms"], 50)))
     row("voice-to-voice P95 (ms)", lambda r: f(pct(r["spoken"]["v2v_ms"], 95)))
+    row("backchannel: reply paused median (ms)", lambda r: f(pct(r["spoken"]["backchannel_paused_ms"], 50)))
+    row("backchannel: reply paused P95 (ms)", lambda r: f(pct(r["spoken"]["backchannel_paused_ms"], 95)))
+    row(
+        "backchannels that paused / cut the reply",
+        lambda r: f"{len(r['spoken']['backchannel_paused_ms'])} / {len(r['spoken']['backchannel_cut'])}",
+    )
     return "\n".join(rows)
 
 
@@ -220,8 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--delay-ms", type=int, default=60)
     parser.add_argument("--gain-db", type=float, default=-13)
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"of {', '.join(PARTS)}")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"--parts: no such part {', '.join(sorted(unknown))} (of {', '.join(PARTS)})")
     # name -> (checkout, flags for echo only, for barge-ins, for paused questions). The code
     # before full duplex hears nothing over a reply without --barge-in, so its barge-ins (and
     # its echo-only run: would it interrupt itself?) use it; its paused questions run as a user
@@ -233,16 +281,23 @@ def main(argv: list[str] | None = None) -> int:
     with private_audio("duplex-pulse-") as env, echo_path(env, args.delay_ms, args.gain_db, 2):
         for name, (checkout, echo_flags, barge_flags, paused_flags) in configs.items():
             work = Path(tempfile.mkdtemp(prefix=f"duplex-{name}-"))
-            for part in ("echo", "barge", "paused"):
+            for part in PARTS:
                 (work / part).mkdir()
-            print(f"{name}: echo only, {args.replies} replies", file=sys.stderr)
-            echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags)
-            print(f"{name}: {args.trials} barge-ins", file=sys.stderr)
-            barge = spoken(env, work / "barge", checkout, args.trials, barge_flags, (barge_in,))
-            print(f"{name}: {args.trials} paused questions", file=sys.stderr)
-            held = spoken(env, work / "paused", checkout, args.trials, paused_flags, (paused,))
-            talk = barge | {k: held[k] for k in ("words_lost", "v2v_ms")}
-            talk["failed"] = barge["failed"] + held["failed"]
+            echo = {"replies": 0, "false_interruptions": 0, "speech_heard": 0, "erle_db": []}
+            if "echo" in parts:
+                print(f"{name}: echo only, {args.replies} replies", file=sys.stderr)
+                echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags)
+            talk = talk_result(args.trials)
+            for part, flags, fn, keys in (
+                ("barge", barge_flags, barge_in, ("reactions_ms", "answered")),
+                ("paused", paused_flags, paused, ("words_lost", "v2v_ms")),
+                ("backchannel", paused_flags, backchannel, ("backchannel_paused_ms", "backchannel_cut")),
+            ):
+                if part in parts:
+                    print(f"{name}: {args.trials} trials of {part}", file=sys.stderr)
+                    run = spoken(env, work / part, checkout, args.trials, flags, (fn,))
+                    talk |= {k: run[k] for k in keys}
+                    talk["failed"] += run["failed"]
             results[name] = {"echo": echo, "spoken": talk}
     cpu = cpu_per_frame()
     print(table(results))

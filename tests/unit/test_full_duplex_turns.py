@@ -147,6 +147,16 @@ def test_speech_in_the_window_is_judged_joined_to_the_question_and_that_transcri
     assert answer.heard is joined and s.of(ContinueTurn) == [ContinueTurn(first.attempt, hold=True)]
 
 
+def test_a_backchannel_in_the_window_is_judged_alone_and_the_reply_resumes():
+    """Speech too short to be words ("uh-huh") needs no joined pass: its own greedy words decide."""
+    s, first = replying(after_ms=300)
+    s.speak(400).pause(140)
+    assert s.of(Judge)[-1].joined_with == 0
+    s.judged("Uh-huh.")
+    assert verdicts(s) == [OverlapVerdict.BACKCHANNEL] and s.of(ResumeReply)
+    assert not s.of(ContinueTurn) and s.plays(first.attempt)
+
+
 def test_later_speech_is_judged_alone_and_its_turn_transcribes_it():
     s, first = replying(after_ms=2500)
     s.speak(900).pause(300)
