@@ -127,15 +127,24 @@ def spoken(
     return result
 
 
-def barge_in(app: App, result: dict, k: int, long_q: Path, germany: Path, _halves: list) -> None:
-    """A long question; 2.6 s into its reply, a new one: the reaction, and whether it was answered."""
+def over_its_reply(app: App, question: Path, after_s: float, speech: Path) -> tuple[int, int]:
+    """Say ``question``, then ``speech`` ``after_s`` into its reply; wait until all is answered.
+
+    Returns where this trial's events begin and the question's turn.
+    """
     mark = len(app.events())
-    app.say(long_q)
+    app.say(question)
     turn = next_turn(app, mark, timeout_s=30)
     reply_playing(app, turn, mark, timeout_s=30)
-    time.sleep(2.2)  # past the 1.8 s continuation window from the first audio
-    app.say(germany)
+    time.sleep(after_s)
+    app.say(speech)
     settle(app, timeout_s=40)
+    return mark, turn
+
+
+def barge_in(app: App, result: dict, k: int, long_q: Path, germany: Path, _halves: list) -> None:
+    """A long question; 2.6 s into its reply, a new one: the reaction, and whether it was answered."""
+    mark, turn = over_its_reply(app, long_q, 2.2, germany)  # past the 1.8 s window from the first audio
     ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
     stop = next((e for e in ev if e["event"] in ("ReplyPaused", "BargeIn")), None)
     if stop is not None:
@@ -151,13 +160,7 @@ def barge_in(app: App, result: dict, k: int, long_q: Path, germany: Path, _halve
 def paused(app: App, result: dict, k: int, _long: Path, _germany: Path, halves: list) -> None:
     """The first half; the reply starts; 0.2 s later the second half: its words kept or lost."""
     first, rest, rest_text = halves[k % len(halves)]
-    mark = len(app.events())
-    app.say(first)
-    turn = next_turn(app, mark, timeout_s=30)
-    reply_playing(app, turn, mark, timeout_s=30)
-    time.sleep(0.2)
-    app.say(rest)
-    settle(app, timeout_s=40)
+    mark, turn = over_its_reply(app, first, 0.2, rest)
     texts = [e["text"] for e in app.events()[mark:] if e["event"] == "TranscriptReady"]
     first_words = set(norm(PAUSED[k % len(PAUSED)][0]))
     # The question answered: the transcript holding the most of the first half's words.
@@ -176,13 +179,7 @@ def backchannel(app: App, result: dict, k: int, long_q: Path, _germany: Path, _h
     folder = long_q.parent
     text = BACKCHANNELS[k % len(BACKCHANNELS)]
     wav = utterance(folder, text, f"backchannel{k % len(BACKCHANNELS)}")
-    mark = len(app.events())
-    app.say(long_q)
-    turn = next_turn(app, mark, timeout_s=30)
-    reply_playing(app, turn, mark, timeout_s=30)
-    time.sleep(1.0)
-    app.say(wav)
-    settle(app, timeout_s=40)
+    mark, turn = over_its_reply(app, long_q, 1.0, wav)
     ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
     resumed = [e["paused_ms"] for e in ev if e["event"] == "ReplyResumed"]
     heard = [f"{e['text']!r} ({e['verdict']})" for e in ev if e["event"] == "OverlapHeard"]
