@@ -38,6 +38,7 @@ STOPS = frozenset(
         "top", "top talking", "top it", "up", "op", "please stop", "stop please",
     }
 )  # fmt: skip
+_STOP_PARTS = [stop.replace("'", "").split() for stop in STOPS]  # each as words, apostrophes dropped
 # Stop requests as Whisper writes them, scored against short words heard over a reply
 # (:func:`spotted_stop`): "Please stop." under the reply came out "Please come." or "Please up".
 SPOTTED_STOPS = ("Stop.", "Please stop.", "Stop talking.", "Stop it.", "Wait.", "Hold on.", "That's enough.")
@@ -132,7 +133,7 @@ def starts_with_stop(text: str) -> bool:
     Such words interrupt; they are never the rest of the question.
     """
     words = normalise(text).replace("'", "").split()
-    return any(words[: len(stop.split())] == stop.replace("'", "").split() for stop in STOPS)
+    return any(words[: len(stop)] == stop for stop in _STOP_PARTS)
 
 
 def _ends_with_stop(words: str) -> bool:
@@ -145,7 +146,7 @@ def _ends_with_stop(words: str) -> bool:
     parts = words.replace("'", "").split()
     if parts[-1:] == ["up"] and len(parts) > 1 and set(parts[:-1]) <= POLITE:
         return True
-    return any(parts[-len(stop.split()) :] == stop.replace("'", "").split() for stop in STOPS if stop != "up")
+    return any(parts[-len(stop) :] == stop for stop in _STOP_PARTS if stop != ["up"])
 
 
 def _all_backchannel(words: str) -> bool:
