@@ -152,11 +152,16 @@ class SplitterOptions:
     sentence or clause end has come by then, so a run-on opening starts playing sooner
     (0: never). It moves up to 3 words on rather than end on a number or a word that cannot
     end a phrase (``NO_END_WORDS``: "going to | the shop"), and is skipped if none can.
+    ``refill_ms``: once the reply plays on a speaker, when less than this much of it is left to
+    play and nothing is being rendered, the words so far go to the voice at the last word a
+    phrase may end on, instead of waiting for a sentence or clause end: a long run-on sentence
+    (or a run of digits) does not fall silent mid-reply (0: never; a file is never hurried).
     """
 
     max_chars: int = field(default=200, metadata=bounds(min=10))
     first_clause_chars: int = field(default=24, metadata=bounds(min=0))
     first_chunk_words: int = field(default=3, metadata=bounds(min=0))
+    refill_ms: int = field(default=300, metadata=bounds(min=0, max=60_000))
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ class AudioSink(Protocol):
         """Queue audio behind what is queued."""
         ...
 
+    def queued_ms(self) -> float | None:
+        """How much queued audio is still to play; ``None`` for a sink that does not play in real time."""
+        ...
+
     def stop(self) -> None:
         """Drop what is queued, now."""
         ...
@@ -92,6 +96,10 @@ class FileSink:
         self.first_audio_t_ns.setdefault(turn_id, time.monotonic_ns())
         self.played_samples[turn_id] = self.played_samples.get(turn_id, 0) + audio.size
         self.segments.append(audio)
+
+    def queued_ms(self) -> None:
+        """A file is written as fast as the voice renders: nothing waits to play."""
+        return None
 
     def stop(self) -> None:
         """Nothing plays, so nothing to stop."""
@@ -200,6 +208,12 @@ class Speaker(DeviceStream):
         with self._lock:
             self._segments.append(_Segment(turn_id, audio))
             self.idle.clear()
+
+    def queued_ms(self) -> float:
+        """How much queued audio is still to play (held while paused)."""
+        with self._lock:
+            samples = sum(seg.audio.size - seg.played for seg in self._segments)
+        return 1000.0 * samples / self.rate_hz
 
     def stop(self) -> None:
         """Drop everything queued, mid-sentence included; returns at once."""

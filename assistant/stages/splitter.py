@@ -27,6 +27,8 @@ NO_END_WORDS = frozenset(
     "i'm it's that's there's here's you're we're they're let's".split()
 )
 FIRST_CHUNK_EXTRA_WORDS = 3  # how far past ``first_chunk_words`` a cut may move to a word that can end
+REFILL_WORDS = 3  # the fewest words a piece cut to refill the voice has
+REFILL_RUN_CHARS = 48  # text this long with no word to end on is cut anyway (a run of digits)
 MARKDOWN = (
     (re.compile(r"^#{1,6}\s+"), ""),  # header
     (re.compile(r"^[-*+•]\s+"), ""),  # bullet
@@ -46,7 +48,8 @@ class SentenceSplitter:
     an uppercase letter. "1." opening a sentence is a list marker, and the next number
     ("2.") or a "1." after a colon starts a new item. Markdown markers are removed from the
     sentences, and sentences with nothing to say ("---") are dropped. The reply's first chunk
-    may end earlier, after its first clause or words (:class:`SplitterOptions`).
+    may end earlier, after its first clause or words, and any piece once the voice is about
+    to run dry (:class:`SplitterOptions`).
     """
 
     def __init__(self, options: SplitterOptions | None = None) -> None:
@@ -54,10 +57,22 @@ class SentenceSplitter:
         self._buffer = ""
         self._first = True  # the reply's first sentence is still to come
 
-    def push(self, text: str) -> list[str]:
-        """Add streamed text; return the sentences it completed (often none)."""
+    def push(self, text: str, left_ms: float | None = None) -> list[str]:
+        """Add streamed text; return the sentences it completed (often none).
+
+        ``left_ms``: how much of the reply is left to play on the speaker (``None``: not
+        known, or not playing in real time). Under ``refill_ms``, with no sentence complete,
+        the words so far are cut at the last one a phrase may end on (:meth:`_refill_cut`).
+        """
         self._buffer += text
-        return self._drain(final=False)
+        sentences = self._drain(final=False)
+        refill = self.options.refill_ms
+        if not sentences and not self._first and left_ms is not None and left_ms < refill:
+            self._buffer = self._buffer.lstrip()
+            cut = self._refill_cut(self._buffer)
+            if cut is not None:
+                sentences, self._buffer = _speakable(self._buffer[:cut]), self._buffer[cut:]
+        return sentences
 
     def flush(self) -> list[str]:
         """End of the reply: return the sentences left, and start over."""
@@ -132,12 +147,35 @@ class SentenceSplitter:
                 continue
             if count > wanted + FIRST_CHUNK_EXTRA_WORDS:
                 return None
-            after = AFTER_WORD.match(text, word.end())
-            if after is None:
+            may = _may_end_after(text, word)
+            if may is None:
                 return None  # the next character has not arrived
-            if (after[1].isalnum() or after[1] in "“‘([{") and _can_end_chunk(word[0]):
+            if may:
                 return word.end()
         return None
+
+    def _refill_cut(self, text: str) -> int | None:
+        """Where to cut ``text`` for the voice about to run dry; ``None``: nowhere yet.
+
+        After the last word a phrase may end on (:func:`_can_end_chunk`) whose next non-space
+        character has arrived and starts a word, once there are :data:`REFILL_WORDS` words;
+        text of :data:`REFILL_RUN_CHARS` or more with no such word (a run of digits) at its
+        last space, or whole.
+        """
+        cut, count = None, 0
+        for word in WORD.finditer(text):
+            if not any(c.isalnum() for c in word[0]):
+                continue
+            count += 1
+            may = _may_end_after(text, word)
+            if may is None:
+                break  # the next character has not arrived
+            if may and count >= REFILL_WORDS:
+                cut = word.end()
+        if cut is None and len(text) >= REFILL_RUN_CHARS:
+            space = text.rfind(" ")
+            cut = space if space > 0 else len(text)
+        return cut
 
     @staticmethod
     def _ends_sentence(text: str, start: int, end: int, final: bool) -> bool | None:
@@ -186,6 +224,19 @@ class SentenceSplitter:
             return comma + 1
         space = window.rfind(" ")
         return space if space > 0 else limit
+
+
+def _may_end_after(text: str, word: re.Match[str]) -> bool | None:
+    """Whether a chunk may end after ``word`` in ``text`` (``None``: the next character has not arrived).
+
+    Only where the next non-space character starts a word (a letter, digit or opening
+    bracket), so "France" + "." or "mean ?" is left to the sentence and clause rules, and only
+    on a word :func:`_can_end_chunk` allows.
+    """
+    after = AFTER_WORD.match(text, word.end())
+    if after is None:
+        return None
+    return (after[1].isalnum() or after[1] in "“‘([{") and _can_end_chunk(word[0])
 
 
 def _can_end_chunk(word: str) -> bool:

@@ -168,7 +168,7 @@ class VoicePipeline:
             audio = ReplyAudio(turn, self.synthesizer, sink, cancel, gate, self.emit)
             audio.start()
         try:
-            reply = self._generate(turn, text, audio.say if audio is not None else _silent, cancel, gate)
+            reply = self._generate(turn, text, audio, cancel, gate)
         finally:
             if audio is not None:
                 audio.close()
@@ -216,16 +216,17 @@ class VoicePipeline:
         self,
         turn: int,
         text: str,
-        say: Callable[[int, str], None],
+        audio: ReplyAudio | None,
         cancel: threading.Event,
         gate: ReplyGate,
     ) -> Reply:
-        """Stream the reply's sentences to ``say``; unconfirmed, it pauses after the first one."""
+        """Stream the reply's sentences to ``audio`` (if any); unconfirmed, it pauses after the first one."""
         if not gate.confirmed.is_set():
             self.emit(SpeculationStarted(turn, time.monotonic_ns(), "llm"))
         reply = self.dialogue.ask(text, cancel, held=True)
         try:
-            stream_reply(turn, reply, self.make_splitter(), say, cancel, gate, self.emit)
+            say, left = (audio.say, audio.left_to_play_ms) if audio is not None else (_silent, _unknown)
+            stream_reply(turn, reply, self.make_splitter(), say, cancel, gate, self.emit, left)
         except ServerUnavailable as e:  # --llm-server: the text so far is kept, the next turn reconnects
             logger.warning("turn %d: %s", turn, e)
             self._server_lost.add(turn)
@@ -246,3 +247,7 @@ class VoicePipeline:
 
 def _silent(_index: int, _sentence: str) -> None:
     """Where sentences go when nothing speaks (text only)."""
+
+
+def _unknown() -> None:
+    """How much is left to play when nothing speaks: not known."""

@@ -52,8 +52,8 @@ class Synthesizes(Protocol):
 class Splits(Protocol):
     """The sentence splitter as the pipeline uses it."""
 
-    def push(self, text: str) -> list[str]:
-        """Add text; return completed sentences."""
+    def push(self, text: str, left_ms: float | None = None) -> list[str]:
+        """Add text; return completed sentences (or words, with under ``left_ms`` left to play)."""
         ...
 
     def flush(self) -> list[str]:

@@ -19,11 +19,13 @@ def stream_reply(
     cancel: threading.Event,
     gate: ReplyGate,
     emit: Callable[[Event], None],
+    left_to_play_ms: Callable[[], float | None] = lambda: None,
 ) -> None:
     """Feed the reply's tokens to the splitter and its sentences to ``say``.
 
     Unconfirmed (speculating), it stops after the first sentence until the gate is confirmed:
-    one sentence ready to play is enough until the user is done.
+    one sentence ready to play is enough until the user is done. ``left_to_play_ms`` tells
+    the splitter when the voice is about to run dry (:meth:`ReplyAudio.left_to_play_ms`).
     """
     index = 0
     submitted = False
@@ -34,7 +36,7 @@ def stream_reply(
             emit(PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens, s.network_ms))
         if chunk.token_id >= 0:
             emit(TokenGenerated(turn, chunk.t_ns, chunk.index, chunk.text))
-        for sentence in splitter.push(chunk.text):
+        for sentence in splitter.push(chunk.text, left_to_play_ms()):
             emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
             say(index, sentence)
             index += 1

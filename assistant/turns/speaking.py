@@ -42,6 +42,8 @@ class ReplyAudio:
         self.spoken: list[tuple[str, int, int]] = []  # (sentence, turn-relative first sample, samples)
         self.lost = ""  # why the sink failed (DeviceLostError), from either thread
         self.losses_at_start: int | None = None  # the sink's loss count when this reply first played
+        self.said = 0  # sentences given to :meth:`say`
+        self.rendered = 0  # of those, rendered and queued on the sink (or dropped)
         self.thread = threading.Thread(target=self._run, name=f"tts-turn-{turn}")
 
     def start(self) -> None:
@@ -50,7 +52,18 @@ class ReplyAudio:
 
     def say(self, index: int, sentence: str) -> None:
         """Speak ``sentence`` (the reply's ``index``-th) after those before it."""
+        self.said += 1
         self.sentences.put((index, sentence))
+
+    def left_to_play_ms(self) -> float | None:
+        """How much of the reply is left to play, once it plays in real time and nothing is rendering.
+
+        ``None`` before its first sample played, while a sentence is being rendered, and for a
+        sink that does not play in real time (a file).
+        """
+        if self.rendered < self.said or self.turn not in self.sink.first_audio_t_ns:
+            return None
+        return self.sink.queued_ms()
 
     def close(self) -> None:
         """No more sentences: let the thread finish rendering and join it."""
@@ -95,24 +108,27 @@ class ReplyAudio:
         """Render and play each sentence; each piece plays as soon as it is rendered."""
         offset = 0
         while (item := self.sentences.get()) is not None:
-            if self.cancel.is_set() or self.gate.discarded or self.lost:
-                continue  # drain without speaking
-            index, sentence = item
-            played = 0
-            # Piper renders a piece per sentence it finds; a cancelled reply renders no further piece.
-            for part, audio in enumerate(self.synthesizer.stream(sentence)):
-                ms = 1000 * audio.size / SAMPLE_RATE_HZ
-                self.emit(AudioReady(self.turn, time.monotonic_ns(), index, ms, part))
-                if not self.gate.wait(self.cancel) or self.cancel.is_set() or not self.gate.may_play():
-                    break
-                if self.losses_at_start is None:
-                    self.losses_at_start = self.sink.losses
-                try:
-                    self.sink.play(self.turn, audio)
-                except DeviceLostError as e:
-                    self.lost = str(e)
-                    break
-                played += audio.size
-            if played:
-                self.spoken.append((sentence, offset, played))
-                offset += played
+            if not (self.cancel.is_set() or self.gate.discarded or self.lost):  # else drain, unspoken
+                offset += self._speak(*item, offset)
+            self.rendered += 1
+
+    def _speak(self, index: int, sentence: str, offset: int) -> int:
+        """Render and play one sentence from sample ``offset`` of the reply; how much of it played."""
+        played = 0
+        # Piper renders a piece per sentence it finds; a cancelled reply renders no further piece.
+        for part, audio in enumerate(self.synthesizer.stream(sentence)):
+            ms = 1000 * audio.size / SAMPLE_RATE_HZ
+            self.emit(AudioReady(self.turn, time.monotonic_ns(), index, ms, part))
+            if not self.gate.wait(self.cancel) or self.cancel.is_set() or not self.gate.may_play():
+                break
+            if self.losses_at_start is None:
+                self.losses_at_start = self.sink.losses
+            try:
+                self.sink.play(self.turn, audio)
+            except DeviceLostError as e:
+                self.lost = str(e)
+                break
+            played += audio.size
+        if played:
+            self.spoken.append((sentence, offset, played))
+        return played

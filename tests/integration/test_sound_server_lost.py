@@ -237,6 +237,28 @@ async def test_ui_reports_the_loss_keeps_typed_turns_working_and_reports_the_ret
     assert not pipeline_threads()
 
 
+def test_the_speaker_tells_how_much_is_left_to_play_and_holds_it_while_paused(server, monkeypatch):
+    """``queued_ms``: what the splitter is told so that the voice does not run dry mid-reply."""
+    sound_server_env(monkeypatch, server.env)
+    speaker = Speaker(AudioOptions())
+    try:
+        assert speaker.queued_ms() == 0.0
+        speaker.play(1, np.zeros(16000, np.float32))  # 1 s
+        assert 900 < speaker.queued_ms() <= 1000
+        deadline = time.monotonic() + 10
+        while speaker.queued_ms() > 700 and time.monotonic() < deadline:  # it counts down as it plays
+            time.sleep(0.01)
+        speaker.pause()
+        held = speaker.queued_ms()
+        assert 0 < held <= 700, held
+        time.sleep(0.3)
+        assert speaker.queued_ms() == held  # and not while paused
+        speaker.resume()
+        assert speaker.wait(10) and speaker.queued_ms() == 0.0
+    finally:
+        speaker.close()
+
+
 class LateSpeaker(Speaker):
     """The real speaker, whose callback runs ``late_s`` late once when asked (a busy machine)."""
 

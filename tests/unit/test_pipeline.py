@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +22,7 @@ from assistant.events import (
     CancelReason,
     Event,
     PartialTranscript,
+    SentenceReady,
     SpeculationDiscarded,
     SpeechEnded,
     TranscriptReady,
@@ -76,11 +77,14 @@ class ScriptedGeneration:
     words: list[str]
     cancel: threading.Event | None
     fail_after: int | None
+    before_word: Callable[[], None] | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
 
     def __iter__(self) -> Iterator[TokenChunk]:
         self.stats.t_submit_ns = time.monotonic_ns()
         for i, word in enumerate(self.words):
+            if self.before_word is not None:
+                self.before_word()
             if self.cancel is not None and self.cancel.is_set():
                 self.stats.stop_reason = StopReason.CANCELLED
                 return
@@ -95,10 +99,12 @@ class ScriptedGeneration:
 
 @dataclass
 class ScriptedDecoder:
-    """Replies ``reply``; ``fail_after``: the served decoder's server goes away after that many words."""
+    """Replies ``reply``; ``fail_after``: the served decoder's server goes away after that many words;
+    ``before_word`` is called before each word is generated."""
 
     reply: str
     fail_after: int | None = None
+    before_word: Callable[[], None] | None = None
     name: str = "scripted"
     capacity_tokens: int = 4096
     prompts: list[list[int]] = field(default_factory=list)
@@ -114,7 +120,7 @@ class ScriptedDecoder:
         self, prompt_ids: Sequence[int], options: GenerationOptions, cancel=None
     ) -> ScriptedGeneration:
         self.prompts.append(list(prompt_ids))
-        return ScriptedGeneration(self.reply.split(), cancel, self.fail_after)
+        return ScriptedGeneration(self.reply.split(), cancel, self.fail_after, self.before_word)
 
 
 class ScriptedVoice:
@@ -128,9 +134,13 @@ class ScriptedVoice:
 
 @dataclass
 class RecordingSink:
-    """A speaker that plays at once; ``heard_samples`` caps what the user heard (an interruption)."""
+    """A speaker that plays at once; ``heard_samples`` caps what the user heard (an interruption).
+
+    ``queued``: what :meth:`queued_ms` says is left to play (``None``: not real time, as a file).
+    """
 
     heard_samples: int | None = None
+    queued: float | None = None
     lose_on_play: int | None = None  # the device is lost at this play call
     played: list[tuple[int, int]] = field(default_factory=list)  # (turn, samples)
     first_audio_t_ns: dict[int, int] = field(default_factory=dict)
@@ -150,6 +160,9 @@ class RecordingSink:
 
     def stop(self) -> None:
         self.stopped += 1
+
+    def queued_ms(self) -> float | None:
+        return self.queued
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return True
@@ -198,6 +211,42 @@ def test_a_turn_runs_every_stage_in_order_and_leaves_one_exchange_in_the_history
     assert [t for t, _ in sink.played] == [1, 1]  # a piece per sentence, played in order
     (turn,) = pipeline.dialogue.turns
     assert turn.user == "How many days are in a week?" and turn.assistant == record.reply
+
+
+RUN_ON_REPLY = (
+    "Paris grew from a small fishing village on an island in the river into a great city of "
+    "kings and artists and builders over two thousand years."
+)
+
+
+@pytest.mark.parametrize(("queued", "pieces"), [(0.0, "several"), (None, 2)], ids=["speaker", "file"])
+def test_a_run_on_reply_goes_to_the_voice_in_words_when_the_speaker_is_about_to_run_dry(queued, pieces):
+    """Once what is left to play falls under ``refill_ms`` and nothing is rendering, the words so
+    far are spoken rather than a silence until the sentence ends (a 3.9 s one before); a file
+    (no real time) gets the first chunk and then the sentence whole, as before.
+
+    The scripted decoder generates each word only once every piece said so far was played.
+    """
+    sink = RecordingSink(queued=queued)
+    seen: list[Event] = []
+
+    def voice_caught_up() -> None:
+        deadline = time.monotonic() + 5
+        while len(sink.played) < kinds(seen).count("SentenceReady") and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.002)  # the TTS thread counts the piece as rendered just after playing it
+
+    asr = ScriptedAsr(["Tell me about Paris."])
+    pipeline, events = make(asr, reply=RUN_ON_REPLY, before_word=voice_caught_up)
+    seen = events
+    record = pipeline.run_turn(speech(1, 1.0), sink, threading.Event())
+    assert record is not None and record.reply == RUN_ON_REPLY
+    said = [e.text for e in events if isinstance(e, SentenceReady)]
+    assert " ".join(said) == RUN_ON_REPLY and len(sink.played) == len(said)  # every word spoken, in order
+    if pieces == "several":
+        assert len(said) >= 5 and all(len(s.split()) >= 3 for s in said[1:-1]), said
+    else:
+        assert len(said) == pieces, said
 
 
 def test_a_speculative_turn_plays_nothing_until_confirmed():

@@ -225,6 +225,61 @@ def rms(audio: np.ndarray) -> float:
     return float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
 
 
+def refilled(pieces: list[str], left_ms: float | None, options: SplitterOptions | None = None) -> list[str]:
+    """Push ``pieces`` (tokens), each with ``left_ms`` of the reply left to play; then flush."""
+    splitter = SentenceSplitter(options)
+    out: list[str] = []
+    for piece in pieces:
+        out += splitter.push(piece, left_ms)
+    return out + splitter.flush()
+
+
+RUN_ON_REPLY = (
+    "Paris grew from a small fishing village on an island in the river into a great city of "
+    "kings and artists and builders over two thousand years."
+)
+
+
+def tokens(text: str) -> list[str]:
+    words = text.split()
+    return [words[0]] + [" " + w for w in words[1:]]
+
+
+def test_a_voice_about_to_run_dry_gets_the_words_so_far_at_a_word_a_phrase_may_end_on():
+    """With under ``refill_ms`` left to play, a run-on sentence goes out in pieces of 3+ words."""
+    pieces = refilled(tokens(RUN_ON_REPLY), left_ms=0.0)
+    assert " ".join(pieces).split() == RUN_ON_REPLY.split()  # every word, in order, none cut
+    assert len(pieces) > 4, pieces
+    for piece in pieces[1:-1]:  # the first chunk has its own rule, the last is the flush
+        words = piece.split()
+        assert len(words) >= 3, pieces
+        assert words[-1].lower() not in {"a", "an", "the", "of", "on", "in", "into", "and", "over"}, pieces
+
+
+@pytest.mark.parametrize(
+    ("left_ms", "options"),
+    [(None, None), (300.0, None), (5000.0, None), (0.0, SplitterOptions(refill_ms=0))],
+    ids=["not playing in real time", "at the threshold", "plenty left", "refill off"],
+)
+def test_with_enough_left_to_play_or_no_speaker_the_run_on_sentence_waits_for_its_end(left_ms, options):
+    assert refilled(tokens(RUN_ON_REPLY), left_ms, options) == refilled(tokens(RUN_ON_REPLY), None)
+    first, rest = refilled(tokens(RUN_ON_REPLY), None)
+    assert len(first.split()) <= 6 and rest.endswith("years.")  # the first chunk, then the rest whole
+
+
+def test_a_long_run_of_digits_is_cut_too_but_short_words_wait_for_the_next_character():
+    """ "approximately 14.5199602597220222..." (SmolLM2, 2026-12-06): a silence of 3.9 s before."""
+    splitter = SentenceSplitter()
+    assert splitter.push("Pi is a number. It", 0.0) == ["Pi is a number."]
+    assert splitter.push(" is approximately", 0.0) == []  # "is" cannot end one; "approximately" may go on
+    assert splitter.push(" 3.14159265358979323", 0.0) == ["It is approximately"]
+    assert splitter.push("8" * 40, 0.0) == ["3.14159265358979323" + "8" * 40]  # a long run, no space: whole
+    assert splitter.push(" or so 27182818284590452353602874713526624977572", 0.0) == []
+    assert splitter.push("2", 0.0) == ["or so"]  # 48 characters with no word to end on: at the last space
+    assert splitter.push(" and", 0.0) == []
+    assert splitter.flush() == ["271828182845904523536028747135266249775722 and"]
+
+
 def test_sentence_becomes_audible_16k_mono_float32(paris_audio):
     assert paris_audio.dtype == np.float32 and paris_audio.ndim == 1
     duration_s = paris_audio.size / RATE_HZ
