@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from engines.driver import DecoderDriver
 from engines.onnx_export import ExportedDecoder, ExportOptions, export_decoder
 from store.bundled import DEFAULT_LLM, ModelStore
 from tests.helpers.llm import greedy, make_decoder
-from tests.helpers.quiet import holding
+from tests.helpers.quiet import holding, quiet_lock
 from tests.helpers.tts import PARIS
 
 torch.set_num_threads(2)
@@ -177,6 +178,22 @@ def pytest_collection_modifyitems(config, items):
                 f"{item.nodeid} uses the virtual sound devices: add its file to REAL_TIME_FILES"
             )
     items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)  # stable: order kept
+
+
+def pytest_configure(config):
+    """The controller of a pytest-xdist run names the run, so that it knows the workers' lock file."""
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        if getattr(config.option, "numprocesses", None) and config.option.testrunuid is None:
+            config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session):
+    """The controller removes the run's lock file (:mod:`tests.helpers.quiet`): the workers are done."""
+    config = session.config
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", None):
+        lock = quiet_lock(config.option.testrunuid)
+        if lock is not None:
+            lock.unlink(missing_ok=True)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -25,9 +25,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def quiet_lock() -> Path | None:
-    """The lock file of this run's workers (none outside pytest-xdist)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+def quiet_lock(run: str | None = None) -> Path | None:
+    """The lock file of run ``run`` (default: this worker's run; none outside pytest-xdist).
+
+    The controller removes it when the run ends (``pytest_sessionfinish`` in tests/conftest.py).
+    """
+    run = run or os.environ.get("PYTEST_XDIST_TESTRUNUID")
     return Path(tempfile.gettempdir()) / f"assistant-tests-{run}.quiet" if run else None
 
 
