@@ -120,13 +120,8 @@ def test_a_killed_fetch_is_named_by_models_list_and_removed_by_engine_clear_and_
 
 @pytest.mark.slow
 def test_sighup_cleans_up_like_sigterm_and_a_start_removes_what_dead_processes_left(tmp_path):
-    """A closed terminal (SIGHUP) used to end the app on the spot, leaving ``assistant-tts-*``.
-
-    The question asks for a long reply, so that the turn is still speaking when the signal
-    comes (after "What is the capital of France?" a loaded machine once saw the turn end, and
-    the app exit 0, between the look and the signal).
-    """
-    speak("Tell me about the history of Paris.", tmp_path, "question")
+    """A closed terminal (SIGHUP) used to end the app on the spot, leaving ``assistant-tts-*``."""
+    speak("What is the capital of France?", tmp_path, "question")
     tmp = tmp_path / "tmp"
     dead = tmp / f"assistant-tts-{ended_pid()}-k1ll3d"  # left by a process killed with -9
     alive = tmp / f"assistant-tts-{os.getpid()}-b5y"  # another instance, at work
