@@ -20,6 +20,15 @@ import pytest
 import assistant.__main__ as entry
 
 
+@pytest.fixture(autouse=True)
+def sighup_at_its_default():
+    """SIGHUP as from a terminal: under ``nohup`` (a test run started so) it is inherited ignored,
+    and the app rightly leaves it so (then these tests would see nothing)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
 class SignalledWhileFinalized:
     """Sends ``signum`` to this process from its finalizer: the handler runs inside it."""
 
