@@ -12,8 +12,8 @@ Each configuration runs the real app (``assistant run --no-tui``) on the private
 3. paused questions: the first half, the reply starts, 0.2 s later the second half: the share
    of the second half's words in no transcript (words lost), and voice-to-voice of the answer;
 4. backchannels: a long question, then "Uh-huh.", "Okay.", "Right.", "Yeah." or "Mm-hmm." 1.0 s
-   into its reply (inside the continuation window): how long the reply stayed paused, and
-   whether it was cut instead of resumed.
+   into its reply (inside the continuation window; ``--backchannels`` picks others): how long
+   the reply stayed paused, and whether it was cut instead of resumed.
 
 ``--parts`` runs some of them (default all).
 
@@ -99,7 +99,9 @@ def echo_only(env: dict, folder: Path, checkout: Path | None, replies: int, flag
 def talk_result(trials: int) -> dict:
     """What the spoken parts fill in; ``failed``: trials whose reply never came (the app's output)."""
     return {"trials": trials, "reactions_ms": [], "answered": 0, "words_lost": [], "v2v_ms": []} | {
-        "backchannel_paused_ms": [], "backchannel_cut": [], "failed": []
+        "backchannel_paused_ms": [],
+        "backchannel_cut": [],
+        "failed": [],
     }
 
 
@@ -174,20 +176,24 @@ def paused(app: App, result: dict, k: int, _long: Path, _germany: Path, halves: 
         result["v2v_ms"].append(v2v)
 
 
-def backchannel(app: App, result: dict, k: int, long_q: Path, _germany: Path, _halves: list) -> None:
-    """A long question; 1.0 s into its reply a backchannel: how long the reply holds, or is it cut."""
-    folder = long_q.parent
-    text = BACKCHANNELS[k % len(BACKCHANNELS)]
-    wav = utterance(folder, text, f"backchannel{k % len(BACKCHANNELS)}")
-    mark, turn = over_its_reply(app, long_q, 1.0, wav)
-    ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
-    resumed = [e["paused_ms"] for e in ev if e["event"] == "ReplyResumed"]
-    heard = [f"{e['text']!r} ({e['verdict']})" for e in ev if e["event"] == "OverlapHeard"]
-    cancelled = app.records().get(turn, {}).get("cancelled", "")
-    if cancelled:
-        result["backchannel_cut"].append(f"{text} heard as {', '.join(heard)}: {cancelled}")
-    elif resumed:  # the backchannel's pause (a long reply may pause again later, for its echo)
-        result["backchannel_paused_ms"].append(resumed[0])
+def backchannel_part(phrases: tuple[str, ...]) -> Callable:
+    """Part 4 with these backchannels, one per trial in turn."""
+
+    def backchannel(app: App, result: dict, k: int, long_q: Path, _germany: Path, _halves: list) -> None:
+        """A long question; 1.0 s into its reply a backchannel: how long the reply holds, or is it cut."""
+        text = phrases[k % len(phrases)]
+        wav = utterance(long_q.parent, text, f"backchannel{k % len(phrases)}")
+        mark, turn = over_its_reply(app, long_q, 1.0, wav)
+        ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
+        resumed = [e["paused_ms"] for e in ev if e["event"] == "ReplyResumed"]
+        heard = [f"{e['text']!r} ({e['verdict']})" for e in ev if e["event"] == "OverlapHeard"]
+        cancelled = app.records().get(turn, {}).get("cancelled", "")
+        if cancelled:
+            result["backchannel_cut"].append(f"{text} heard as {', '.join(heard)}: {cancelled}")
+        elif resumed:  # the backchannel's pause (a long reply may pause again later, for its echo)
+            result["backchannel_paused_ms"].append(resumed[0])
+
+    return backchannel
 
 
 def cpu_per_frame() -> dict:
@@ -262,9 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=int, default=60)
     parser.add_argument("--gain-db", type=float, default=-13)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"of {', '.join(PARTS)}")
+    parser.add_argument(
+        "--backchannels", default=",".join(BACKCHANNELS), help="part 4's phrases, comma-separated, in turn"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
+    phrases = tuple(p.strip() for p in args.backchannels.split(",") if p.strip())
     if unknown := set(parts) - set(PARTS):
         parser.error(f"--parts: no such part {', '.join(sorted(unknown))} (of {', '.join(PARTS)})")
     # name -> (checkout, flags for echo only, for barge-ins, for paused questions). The code
@@ -288,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
             for part, flags, fn, keys in (
                 ("barge", barge_flags, barge_in, ("reactions_ms", "answered")),
                 ("paused", paused_flags, paused, ("words_lost", "v2v_ms")),
-                ("backchannel", paused_flags, backchannel, ("backchannel_paused_ms", "backchannel_cut")),
+                (
+                    "backchannel",
+                    paused_flags,
+                    backchannel_part(phrases),
+                    ("backchannel_paused_ms", "backchannel_cut"),
+                ),
             ):
                 if part in parts:
                     print(f"{name}: {args.trials} trials of {part}", file=sys.stderr)
