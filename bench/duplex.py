@@ -27,9 +27,7 @@ markdown tables (median and P95) and writes ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -41,6 +39,7 @@ import numpy as np
 
 from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
 from bench.echo_rig import echo_path, private_audio
+from bench.results import write_results
 
 PAUSED = [  # (first half, second half)
     ("I would like to know", "how many days are in a week?"),
@@ -317,10 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\necho cancellation CPU: {cpu['cpu_ms_per_frame']:.3f} ms per 10 ms frame ({os.cpu_count()} cores)"
     )
     if args.json:
-        meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
-        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        report = {"meta": meta, "args": options, "cpu": cpu, "results": results}
-        args.json.write_text(json.dumps(report, indent=1))
+        write_results(args.json, args, cpu=cpu, results=results)
     return 0
 
 

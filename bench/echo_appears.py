@@ -13,9 +13,7 @@ Prints a markdown table and writes ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,6 +24,7 @@ import numpy as np
 
 from bench.duplex import App
 from bench.echo_rig import SCRIPT, echo_path, private_audio
+from bench.results import write_results
 
 QUESTION = "Tell me about the history of Rome."
 
@@ -79,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {np.median(erle) if erle else float('nan'):.0f} |"
         )
     if args.json:
-        meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
-        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"meta": meta, "args": options, "results": results}, indent=1))
+        write_results(args.json, args, results=results)
     return 0
 
 

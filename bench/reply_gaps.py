@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ import numpy as np
 
 from bench.duplex import App
 from bench.echo_rig import private_audio
+from bench.results import write_results
 from bench.voice import gaps_ms
 
 RUN_ON = "You answer in one single very long sentence with no commas and no full stops until the very end."
@@ -114,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"summary": summary(rows), "replies": rows}
     print(table(results))
     if args.json:
-        meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
-        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"meta": meta, "args": options, "results": results}, indent=1))
+        write_results(args.json, args, results=results)
     return 0
 
 

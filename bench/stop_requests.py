@@ -18,9 +18,6 @@ as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``). Prints a tabl
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -29,6 +26,7 @@ from pathlib import Path
 
 from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
 from bench.echo_rig import echo_path, private_audio
+from bench.results import write_results
 
 PHRASES = ["Stop.", "Stop talking.", "Please stop.", "Wait."]
 AFTER_WINDOW_S = 2.6
@@ -113,18 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(" / ".join(str(got.count(k)) for k in kinds))
         print(f"| {phrase} | " + " | ".join(cells) + " |")
     if args.json:
-        meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
-        args.json.write_text(
-            json.dumps(
-                {
-                    "meta": meta,
-                    "args": vars(args) | {"json": str(args.json)},
-                    "results": results,
-                    "heard": heard,
-                },
-                indent=1,
-            )
-        )
+        write_results(args.json, args, results=results, heard=heard)
     return 0
 
 

@@ -12,9 +12,6 @@ writes ``--json``:
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -28,6 +25,7 @@ from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.turns.hearing import Hearing
 from assistant.turns.overlap_words import SPOTTED_STOPS
 from bench.duplex_rig import utterance
+from bench.results import write_results
 from store.bundled import ModelStore
 
 PHRASES = ["Please stop.", "Stop.", "Stop talking.", "Please continue.", "Please come here.", "Okay.",
@@ -95,10 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['best_stop_logprob']} | {r['heard']} | {r['greedy_ms']} | {r['overlap_ms']} |"
         )
     if args.json:
-        meta = {"machine": platform.platform(), "cores": os.cpu_count(), "load_avg": os.getloadavg()}
-        args.json.write_text(
-            json.dumps({"meta": meta, "args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1)
-        )
+        write_results(args.json, args, rows=rows)
     return 0
 
 
