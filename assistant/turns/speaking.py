@@ -43,6 +43,7 @@ class ReplyAudio:
         self.lost = ""  # why the sink failed (DeviceLostError), from either thread
         self.losses_at_start: int | None = None  # the sink's loss count when this reply first played
         self.said = 0  # sentences given to :meth:`say`
+        self.started = False  # ``AudioStarted`` was emitted
         self.rendered = 0  # of those, rendered and queued on the sink (or dropped)
         self.thread = threading.Thread(target=self._run, name=f"tts-turn-{turn}")
 
@@ -73,8 +74,8 @@ class ReplyAudio:
     def finish_playing(self) -> str:
         """Wait until the sink has played the reply, or the turn was cancelled; why it was lost, or ''.
 
-        A cancelled or lost reply's queued audio is dropped. Emits ``AudioStarted`` with the
-        time the sink played the reply's first sample.
+        A cancelled or lost reply's queued audio is dropped. Emits ``AudioStarted`` (the time
+        the sink played the reply's first sample) if the TTS thread has not yet.
         """
         sink = self.sink
         try:
@@ -87,9 +88,7 @@ class ReplyAudio:
             self.lost = "the output device was lost and reopened during the reply"
         if self.cancel.is_set() or self.lost:
             sink.stop()
-        first = sink.first_audio_t_ns.get(self.turn)
-        if first:
-            self.emit(AudioStarted(self.turn, first))
+        self._note_started()
         return self.lost
 
     def heard(self) -> str:
@@ -104,10 +103,30 @@ class ReplyAudio:
                 words.append(" ".join(parts[: int(len(parts) * (played - start) / size)]))
         return " ".join(w for w in words if w)
 
+    def _note_started(self) -> None:
+        """Emit ``AudioStarted`` once the sink has played the reply's first sample (once)."""
+        first = self.sink.first_audio_t_ns.get(self.turn)
+        if first and not self.started:
+            self.started = True
+            self.emit(AudioStarted(self.turn, first))
+
+    def _next(self) -> tuple[int, str] | None:
+        """The next sentence to speak; while waiting for it, tell when the first sample played.
+
+        So the live breakdown shows voice-to-voice once the user hears the reply, not after
+        the whole reply has played.
+        """
+        while True:
+            self._note_started()
+            try:
+                return self.sentences.get(timeout=POLL_S)
+            except queue.Empty:
+                pass
+
     def _run(self) -> None:
         """Render and play each sentence; each piece plays as soon as it is rendered."""
         offset = 0
-        while (item := self.sentences.get()) is not None:
+        while (item := self._next()) is not None:
             if not (self.cancel.is_set() or self.gate.discarded or self.lost):  # else drain, unspoken
                 offset += self._speak(*item, offset)
             self.rendered += 1
@@ -129,6 +148,7 @@ class ReplyAudio:
                 self.lost = str(e)
                 break
             played += audio.size
+            self._note_started()
         if played:
             self.spoken.append((sentence, offset, played))
         return played

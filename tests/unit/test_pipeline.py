@@ -249,6 +249,20 @@ def test_a_run_on_reply_goes_to_the_voice_in_words_when_the_speaker_is_about_to_
         assert len(said) == pieces, said
 
 
+def test_audio_started_is_told_once_as_soon_as_the_first_sample_played_not_after_the_reply():
+    """The live breakdown showed "voice-to-voice running 12.3 s" while the reply had been
+    audible since 0.6 s: ``AudioStarted`` came only once the whole reply had played."""
+    pipeline, events = make(ScriptedAsr(["Tell me about weeks."]), reply="A week has seven days. " * 6)
+    sink = RecordingSink()  # plays each piece at once
+    pipeline.run_turn(speech(1, 1.0), sink, threading.Event())
+    order = kinds(events, 1)
+    assert order.count("AudioStarted") == 1 and order.count("AudioReady") > 2
+    last_piece = len(order) - 1 - order[::-1].index("AudioReady")
+    assert order.index("AudioStarted") < last_piece
+    (started,) = [e for e in events if isinstance(e, AudioStarted)]
+    assert started.t_ns == sink.first_audio_t_ns[1]
+
+
 def test_a_speculative_turn_plays_nothing_until_confirmed():
     pipeline, events = make(ScriptedAsr(["How many days are in a week?"]))
     sink, gate, result = RecordingSink(), ReplyGate(confirmed=False), []
