@@ -14,7 +14,7 @@ window's segments keep the failed temperature, and ``asr_fit.unclear`` finds the
 the caller drops their text and says that the stretch could not be transcribed. The sampled
 temperatures start from a fixed seed, so the same audio gives the same transcript: unseeded,
 the 85 s recording of tests/integration/test_repetitive_speech.py lost "Sentence number ten"
-to an unlucky sample in 2 of 5 suite runs.
+to an unlucky sample in 2 of 4 suite runs (2026-12-06).
 """
 
 from __future__ import annotations
