@@ -19,7 +19,7 @@ def stream_reply(
     cancel: threading.Event,
     gate: ReplyGate,
     emit: Callable[[Event], None],
-    left_to_play_ms: Callable[[], float | None] = lambda: None,
+    left_to_play_ms: Callable[[], float | None],
 ) -> None:
     """Feed the reply's tokens to the splitter and its sentences to ``say``.
 
