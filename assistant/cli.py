@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="US",
         help="Triton's dynamic batcher: wait this long to admit requests together (default 100)",
     )
+    serve.add_argument(
+        "--prefill-chunk",
+        dest="serve.prefill_chunk",
+        type=int,
+        metavar="TOKENS",
+        help="newcomers' prompt tokens each decode step carries; 0 prefills them between steps (default 512)",
+    )
     add_engine_parsers(sub, partial(settings_flags, command="engine"))
     sub.add_parser(
         "bench",

@@ -1,8 +1,10 @@
 """Many voice sessions on one served decoder: in-flight batching vs sequential batch-1, one run.
 
-Starts ``assistant serve``'s Triton (:class:`assistant.modes.serve.TritonProcess`) twice on the same
-model: once with ``--sequences`` rows (in-flight batching), once with 1 row (requests decoded
-one at a time: what one decoder per box gives). For each load of N concurrent simulated voice
+Starts ``assistant serve``'s Triton (:class:`assistant.modes.serve.TritonProcess`) several times on
+the same model: with ``--sequences`` rows (in-flight batching) once per ``--prefill-chunks``
+value (512: newcomers' prompts ride in the decode steps; 0: each is prefilled between steps),
+then with 1 row (requests decoded one at a time: what one decoder per box gives; skip it with
+``--no-sequential``). For each load of N concurrent simulated voice
 sessions, every session runs ``--turns`` turns: a prompt of the conversation so far plus
 ``--prompt-tokens`` new random token ids, a reply of ``--reply-tokens`` (the model's end token
 is disabled so every reply has that length), then ``--think-ms`` of "user speaking". Measured
@@ -10,6 +12,8 @@ on the client, per request:
 
 - TTFT: request sent -> first token id received (includes the queue for a row);
 - ms/token: (last token - first token) / (tokens - 1);
+- token gap P99: of every interval between two tokens of a reply (a join that stalls the
+  running sessions shows here);
 - network: TTFT - the server's own arrival -> first token (gRPC, Triton, our stream thread).
 
 Prints a markdown table (requests/s, tokens/s, TTFT P50/P95/P99, ms/token P50, network P50) and
@@ -108,6 +112,7 @@ def session(
                 "session": index, "turn": turn, "prompt_tokens": len(prompt), "tokens": len(reply),
                 "ttft_ms": ttft_ms, "ms_per_token": per_token, "reused": stream.reused_tokens,
                 "network_ms": max(ttft_ms - stream.first_server_us / 1000, 0.0),
+                "gaps_ms": [round((b - a) / 1e6, 3) for a, b in zip(times, times[1:], strict=False)],
                 "sent_ns": sent, "done_ns": times[-1],
             }
         )  # fmt: skip
@@ -138,6 +143,7 @@ def load(url: str, sessions: int, args: argparse.Namespace, vocab: int) -> dict[
         "ttft_p95_ms": float(np.percentile(ttft, 95)),
         "ttft_p99_ms": float(np.percentile(ttft, 99)),
         "ms_per_token_p50": float(np.median([s["ms_per_token"] for s in samples])),
+        "gap_p99_ms": float(np.percentile([g for s in samples for g in s["gaps_ms"]] or [0.0], 99)),
         "network_p50_ms": float(np.median([s["network_ms"] for s in samples])),
         "samples": samples,
     }
@@ -209,15 +215,19 @@ def check_replies(url: str, model_dir: Path, args: argparse.Namespace, vocab: in
             "equal_tokens": same, "tokens": total, "first_difference": first_diff}  # fmt: skip
 
 
-def serve_and_load(model_dir: Path, rows: int, args: argparse.Namespace, vocab: int) -> list[dict[str, Any]]:
+def serve_and_load(
+    model_dir: Path, rows: int, args: argparse.Namespace, vocab: int, prefill_chunk: int = 0
+) -> list[dict[str, Any]]:
     """Start the server with ``rows`` rows, warm it up, run every load."""
     settings = ServeSettings(port=free_port(), sequences=rows, queue_delay_us=args.queue_delay_us)
     context = args.turns * (args.prompt_tokens + args.reply_tokens) + 64
     options = ServeOptions(
         model_dir=model_dir.resolve(), sequences=rows, context_tokens=context, device=args.device,
         dtype=args.dtype, threads=args.threads, queue_delay_us=args.queue_delay_us,
+        prefill_chunk=prefill_chunk,
     )  # fmt: skip
-    log = None if args.server_log is None else args.server_log.with_suffix(f".rows{rows}.log")
+    suffix = f".rows{rows}" + (f".chunk{prefill_chunk}" if rows > 1 else "")
+    log = None if args.server_log is None else args.server_log.with_suffix(f"{suffix}.log")
     server = TritonProcess(options, settings, log)
     try:
         server.wait_ready()
@@ -245,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-ms", type=float, default=200.0)
     parser.add_argument("--rows", type=int, default=0, help="server rows (default: the largest --sessions)")
     parser.add_argument("--queue-delay-us", type=int, default=100)
+    parser.add_argument(
+        "--prefill-chunks", default="512,0", help="the batched server's --prefill-chunk values, one run each"
+    )
+    parser.add_argument("--no-sequential", action="store_true", help="skip the one-row server")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=0)
@@ -257,19 +271,21 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model or random_model(args.random_model, Path(tmp) / args.random_model)
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         results = {
-            "batched": serve_and_load(model_dir, rows, args, vocab),
-            "sequential": serve_and_load(model_dir, 1, args, vocab),
+            f"batched, prefill chunk {chunk}": serve_and_load(model_dir, rows, args, vocab, chunk)
+            for chunk in (int(c) for c in args.prefill_chunks.split(","))
         }
+        if not args.no_sequential:
+            results["sequential"] = serve_and_load(model_dir, 1, args, vocab)
     print(f"\n`{shlex.join(['python', '-m', 'bench.serve', *(argv or sys.argv[1:])])}`\n")
     header = "| server | sessions | requests/s | tokens/s | TTFT P50 / P95 / P99 ms | ms/token P50 |"
-    print(header + " network P50 ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(header + " token gap P99 ms | network P50 ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mode, rows_ in results.items():
         for r in rows_:
             print(
                 f"| {mode} | {r['sessions']} | {r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
                 f"{r['ttft_p50_ms']:.1f} / {r['ttft_p95_ms']:.1f} / {r['ttft_p99_ms']:.1f} | "
-                f"{r['ms_per_token_p50']:.2f} | "
+                f"{r['ms_per_token_p50']:.2f} | {r['gap_p99_ms']:.2f} | "
                 f"{r['network_p50_ms']:.2f} |"
             )
     if args.json:

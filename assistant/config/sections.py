@@ -244,6 +244,8 @@ class ServeSettings:
     ``host`` is loopback unless told (any other address is reachable from the network, with no
     authentication). ``sequences``: conversations decoded together, each keeping its prefix
     between turns. ``queue_delay_us`` / ``preferred_batch_sizes``: Triton's dynamic batcher.
+    ``prefill_chunk``: newcomers' prompt tokens one decode step carries (chunked prefill; 0:
+    each joining prompt runs a forward of its own between steps, stalling the running ones).
     """
 
     host: str = "127.0.0.1"
@@ -251,3 +253,4 @@ class ServeSettings:
     sequences: int = field(default=16, metadata=bounds(min=1, max=256))
     queue_delay_us: int = field(default=100, metadata=bounds(min=0, max=1_000_000))
     preferred_batch_sizes: list[int] = field(default_factory=list, metadata=bounds(min=1, max=256))
+    prefill_chunk: int = field(default=512, metadata=bounds(min=0, max=8192))

@@ -257,6 +257,7 @@ def serve_options(model_dir: Path, decoder: DecoderSettings, settings: ServeSett
         cuda_graph=decoder.cuda_graph,
         queue_delay_us=settings.queue_delay_us,
         preferred_batch_sizes=tuple(settings.preferred_batch_sizes),
+        prefill_chunk=settings.prefill_chunk,
         tokenizer_sha256=tokenizer_sha256(model_dir),
     )
 

@@ -11,14 +11,19 @@ from collections.abc import Sequence
 
 import torch
 
+from engines.serving.mixed_step import Chunk, Packing, chunk_shapes, mixed_forward, pack
 from models.decoder import Decoder as DecoderModel
 from models.decoder import KVCache
 
 
 class BatchedTorchStep:
-    """The ``models`` decoder over the rows of one KV cache ``[layers, rows, heads, capacity, dim]``."""
+    """The ``models`` decoder over the rows of one KV cache ``[layers, rows, heads, capacity, dim]``.
 
-    def __init__(self, model: DecoderModel, rows: int, capacity_tokens: int) -> None:
+    ``prefill_chunk``: prompt tokens a step may carry beside the decode tokens (:meth:`mixed`);
+    0, or a longrope model, prefills prompts between steps instead (``chunk_shapes`` empty).
+    """
+
+    def __init__(self, model: DecoderModel, rows: int, capacity_tokens: int, prefill_chunk: int = 0) -> None:
         param = next(model.parameters())
         self.model = model
         self.rows = rows
@@ -28,6 +33,10 @@ class BatchedTorchStep:
             model.config, capacity_tokens, batch=rows, dtype=param.dtype, device=param.device
         )
         self.name = f"pytorch-{self.device.type} batched x{rows}"
+        # A mixed step packs many sequences, so longrope (factors chosen by one sequence's
+        # length) cannot run in one; such a model prefills between steps.
+        can_mix = all(getattr(r, "long_inv_freq", None) is None for r in model.rope.values())
+        self.chunk_shapes = chunk_shapes(prefill_chunk) if can_mix else []
 
     def _rows(self, first: int, count: int) -> KVCache:
         k, v = self.cache.k, self.cache.v
@@ -92,3 +101,19 @@ class BatchedTorchStep:
         kv_len = self.capacity_tokens if count > len(rows) else max(positions) + 1
         logits = self.model(ids.to(self.device), pos.to(self.device), self._rows(0, count), kv_len=kv_len)
         return logits[list(rows), -1]
+
+    @torch.inference_mode()
+    def mixed(
+        self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int], chunks: Sequence[Chunk]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step for ``rows`` and prompt ``chunks`` in one forward (:mod:`.mixed_step`).
+
+        Returns fp32 logits: ``[len(rows), V]`` for the decoding rows and ``[len(chunks), V]``
+        for each chunk's last token (the prompt's next-token logits when it is its last chunk).
+        """
+        packing = Packing(
+            max(rows) + 1 if rows else 0, len(chunks), max((len(c.tokens) for c in chunks), default=0)
+        )
+        packed = pack(packing, rows, token_ids, positions, chunks, self.capacity_tokens - 1).to(self.device)
+        logits = mixed_forward(self.model, self.cache, packed, packing)
+        return logits[list(rows)], logits[packing.n :]

@@ -1,11 +1,14 @@
 """In-flight (continuous) batching: many conversations decoded by one model, one step at a time.
 
 The KV cache has one row per sequence slot. Each decode step advances every running sequence
-by one token, each at its own position (``models`` takes per-row positions); sequences join
-between steps (their prompt is prefilled in its own forward, on their row, then they join the
-next step) and leave as soon as they stop. A session keeps its row between turns, so the
-next turn prefills only what follows the common prefix, as :class:`~engines.driver.DecoderDriver`
-does for one conversation; when every row is taken, the session idle the longest loses its row.
+by one token, each at its own position (``models`` takes per-row positions), and sequences
+leave as soon as they stop. Newcomers join in one of two ways: with chunked prefill (the
+step's ``chunk_shapes``, :mod:`engines.serving.mixed_step`) their prompts ride in the decode
+steps, up to the step's token budget each step, and a prompt's last chunk gives its first
+token; without it, their prompts are prefilled in forwards of their own between steps. A
+session keeps its row between turns, so the next turn prefills only what follows the common
+prefix, as :class:`~engines.driver.DecoderDriver` does for one conversation; when every row is
+taken, the session idle the longest loses its row.
 
 Token choice is the driver's (:class:`~engines.sampling.Sampler`), so greedy replies are the
 same tokens a batch-1 run gives.
@@ -26,6 +29,7 @@ from engines.base import GenerationOptions, StopReason
 from engines.driver import common_prefix_len
 from engines.sampling import Sampler
 from engines.serving.batched_step import BatchedTorchStep
+from engines.serving.mixed_step import Chunk, plan_chunks
 
 HISTORY = 4096  # per-step batch sizes kept
 PREFILL_GROUP = 16  # newcomers prefilled in one forward (left-padded to the longest)
@@ -54,6 +58,7 @@ class BatchedRequest:
     sampler: Sampler | None = None
     context: list[int] = field(default_factory=list)
     last_token: int = -1
+    prefilled: int = 0  # chunked prefill: prompt tokens in the row's cache so far
     cancelled: threading.Event = field(default_factory=threading.Event)
     out: queue.Queue[tuple[int, int] | None] = field(default_factory=queue.Queue)
 
@@ -119,14 +124,17 @@ class BatchScheduler:
         self.rows = [_Row() for _ in range(step.rows)]
         self.waiting: list[BatchedRequest] = []
         self.running: list[BatchedRequest] = []
+        self.prefilling: list[BatchedRequest] = []  # chunked prefill: prompts partly in the cache
         self.lock = threading.Condition()
         self.closed = False
         # Counts for the log and tests; the per-step history is bounded (a server runs for days).
         self.steps = 0  # decode steps run
         self.decoded = 0  # sequences advanced, summed over the steps
-        self.prefills = 0  # prefill forwards run
+        self.prefills = 0  # prefill forwards run (chunked: steps that carried prompt chunks)
         self.batch_sizes: deque[int] = deque(maxlen=HISTORY)  # sequences per decode step, latest
-        self.prefill_sizes: deque[int] = deque(maxlen=HISTORY)  # sequences per prefill forward, latest
+        self.prefill_sizes: deque[int] = deque(
+            maxlen=HISTORY
+        )  # prompts per prefill forward (or step), latest
         self.decode_ns = 0  # time in decode steps (host view, logits on the device)
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
@@ -161,9 +169,10 @@ class BatchScheduler:
         """Decode steps, their mean time and batch size, prefill forwards (for the server's log)."""
         steps = max(self.steps, 1)
         mean_batch = self.decoded / steps
+        prefills = "steps with prompt chunks" if self.step.chunk_shapes else "prefill forwards"
         return (
             f"{self.steps} decode steps, {self.decode_ns / 1e6 / steps:.1f} ms and {mean_batch:.1f} "
-            f"sequences each; {self.prefills} prefill forwards"
+            f"sequences each; {self.prefills} {prefills}"
         )
 
     def close(self) -> None:
@@ -181,10 +190,15 @@ class BatchScheduler:
                 if self.closed:
                     break
                 joining = self._admit()
+            if self.step.chunk_shapes:
+                for sequence in joining:
+                    self._start_prompt(sequence)
+                self._mixed()
+                continue
             for group in range(0, len(joining), PREFILL_GROUP):
                 self._prefill(joining[group : group + PREFILL_GROUP])
             self._decode()
-        for sequence in self.running + self.waiting:
+        for sequence in self.running + self.prefilling + self.waiting:
             self._finish(sequence, StopReason.CANCELLED)
 
     def _admit(self) -> list[BatchedRequest]:
@@ -234,6 +248,58 @@ class BatchScheduler:
             self.running.append(sequence)
             self._emit(sequence, self._choose(sequence, row_logits))
 
+    def _start_prompt(self, sequence: BatchedRequest) -> None:
+        """Chunked prefill: the prompt after its cached prefix waits for room in the steps."""
+        if sequence.cancelled.is_set():
+            self._finish(sequence, StopReason.CANCELLED)
+            return
+        row, ids = self.rows[sequence.row], sequence.prompt_ids
+        sequence.reused_tokens = sequence.prefilled = min(
+            common_prefix_len(row.cached_ids, ids), len(ids) - 1
+        )
+        row.cached_ids = ids[: sequence.prefilled]
+        self.prefilling.append(sequence)
+
+    def _mixed(self) -> None:
+        """One step: every running sequence's next token and the next chunks of waiting prompts."""
+        for sequence in [*self.running, *self.prefilling]:
+            if sequence.cancelled.is_set():
+                self._finish(sequence, StopReason.CANCELLED)
+        running, chunks = list(self.running), []
+        if self.prefilling:
+            remaining = [len(s.prompt_ids) - s.prefilled for s in self.prefilling]
+            _, lengths = plan_chunks(remaining, self.step.chunk_shapes)
+            for sequence, length in zip(self.prefilling, lengths, strict=False):
+                tokens = sequence.prompt_ids[sequence.prefilled : sequence.prefilled + length]
+                chunks.append((sequence, Chunk(sequence.row, tokens, sequence.prefilled)))
+        if not running and not chunks:
+            return
+        rows = [s.row for s in running]
+        positions = [len(self.rows[s.row].cached_ids) for s in running]
+        start_ns = time.monotonic_ns()
+        try:
+            logits, last_logits = self.step.mixed(
+                rows, [s.last_token for s in running], positions, [c for _, c in chunks]
+            )
+        except Exception as e:  # a failed forward ends these requests, not the server
+            for sequence in [*running, *(s for s, _ in chunks)]:
+                self._finish(sequence, None, f"step failed: {e}")
+            return
+        if chunks:
+            self.prefills += 1
+            self.prefill_sizes.append(len(chunks))
+        if running:
+            self._advance(running, logits, time.monotonic_ns() - start_ns)
+        for (sequence, chunk), row_logits in zip(chunks, last_logits, strict=True):
+            self.rows[sequence.row].cached_ids.extend(chunk.tokens)
+            sequence.prefilled += len(chunk.tokens)
+            if sequence.prefilled == len(sequence.prompt_ids):  # its last chunk: the first token
+                self.prefilling.remove(sequence)
+                sequence.sampler = Sampler(sequence.options)
+                sequence.context = list(sequence.prompt_ids)
+                self.running.append(sequence)
+                self._emit(sequence, self._choose(sequence, row_logits))
+
     def _decode(self) -> None:
         running = [s for s in self.running if s.stop_reason is None]
         for sequence in running:
@@ -251,8 +317,12 @@ class BatchScheduler:
             for sequence in running:
                 self._finish(sequence, None, f"decode step failed: {e}")
             return
+        self._advance(running, logits, time.monotonic_ns() - start_ns)
+
+    def _advance(self, running: list[BatchedRequest], logits: torch.Tensor, step_ns: int) -> None:
+        """Count a decode step and emit each running sequence's next token from its ``logits`` row."""
         self.steps += 1
-        self.decode_ns += time.monotonic_ns() - start_ns
+        self.decode_ns += step_ns
         self.decoded += len(running)
         self.batch_sizes.append(len(running))
         greedy = self._greedy_ids(running, logits)
@@ -288,6 +358,8 @@ class BatchScheduler:
         sequence.error = error
         if sequence in self.running:
             self.running.remove(sequence)
+        if sequence in self.prefilling:
+            self.prefilling.remove(sequence)
         if sequence.row >= 0:
             row = self.rows[sequence.row]
             row.busy = False

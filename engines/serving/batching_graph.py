@@ -16,10 +16,14 @@
 - ids, positions and the rows to read back go to the device in one copy from pinned memory;
   the bucket leaves fp32 logits in a static buffer, from which the decoding rows are gathered.
 
-All graphs share one memory pool (they never run concurrently). Prefill stays eager: the
-batch-1 forward of ``BatchedTorchStep`` on the row (one prompt at a time, between decode
-steps). With ``capture=False`` the same static decode steps run eagerly, off CUDA too: that
-is how CPU tests check everything but the capture.
+With ``prefill_chunk`` (chunked prefill, :mod:`engines.serving.mixed_step`), newcomers'
+prompts ride in the decode step: one more graph per decode bucket (and none) and chunk shape
+``(slots, width)``, e.g. 8 x 7 for 64 rows and 512 tokens. Without it, prefill stays eager:
+the forward of ``BatchedTorchStep`` on the rows, between decode steps.
+
+All graphs share one memory pool (they never run concurrently). With ``capture=False`` the
+same static steps run eagerly, off CUDA too: that is how CPU tests check everything but the
+capture.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 
 from engines.cuda_graph import PRECISION, SLOT_ALIGN, GraphOptions, _Upload
 from engines.serving.batched_step import BatchedTorchStep
+from engines.serving.mixed_step import Chunk, Packing, mixed_forward, pack
 from models.decoder import Decoder as DecoderModel
 from models.weights import load_decoder
 
@@ -57,7 +62,12 @@ class BatchedGraphStep(BatchedTorchStep):
     """
 
     def __init__(
-        self, model: DecoderModel, rows: int, capacity_tokens: int, options: GraphOptions | bool = True
+        self,
+        model: DecoderModel,
+        rows: int,
+        capacity_tokens: int,
+        options: GraphOptions | bool = True,
+        prefill_chunk: int = 0,
     ) -> None:
         capture = options if isinstance(options, bool) else options.capture
         param = next(model.parameters())
@@ -69,7 +79,7 @@ class BatchedGraphStep(BatchedTorchStep):
             raise ValueError(f"need 1 row and 2 tokens of capacity or more, not {rows} and {capacity_tokens}")
         model.fuse()
         slots = -(-capacity_tokens // SLOT_ALIGN) * SLOT_ALIGN  # aligned rows: cuBLAS's fast kernels
-        super().__init__(model, rows, slots)
+        super().__init__(model, rows, slots, prefill_chunk)
         self.capacity_tokens = capacity_tokens  # positions < capacity; slots past it stay unread
         self.filler_position = capacity_tokens - 1
         self.buckets = batch_buckets(rows)
@@ -77,6 +87,18 @@ class BatchedGraphStep(BatchedTorchStep):
         self.inputs = _Upload((3, rows), self.device)
         self.logits = torch.zeros(rows, model.config.vocab_size, dtype=torch.float32, device=self.device)
         self.decodes: dict[int, Callable[[], None]] = {n: partial(self._run, n) for n in self.buckets}
+        # Mixed steps: every decode bucket (and none) with every chunk shape, one graph each.
+        self.packings = [Packing(n, *shape) for n in [0, *self.buckets] for shape in self.chunk_shapes]
+        widest = max((p.tokens for p in self.packings), default=1)
+        # Rows 0-3: ids, positions, rows, picks (mixed_step.pack); row 4: the logit rows to return.
+        self.mixed_inputs = _Upload((5, widest), self.device)
+        picks = max((p.picks for p in self.packings), default=1)
+        self.mixed_logits = torch.zeros(
+            picks, model.config.vocab_size, dtype=torch.float32, device=self.device
+        )
+        self.mixeds: dict[Packing, Callable[[], None]] = {
+            p: partial(self._run_mixed, p) for p in self.packings
+        }
         self.graphs: list[torch.cuda.CUDAGraph] = []
         kind = "cuda-graph" if capture else "static"
         self.name = f"pytorch-{self.device.type} {PRECISION[param.dtype]} {kind} batched x{rows}"
@@ -94,25 +116,42 @@ class BatchedGraphStep(BatchedTorchStep):
         logits = self.model(ids, positions, self._rows(0, n), last_only=True, matmul_attention=True)
         self.logits[:n].copy_(logits[:, -1])
 
+    def _run_mixed(self, packing: Packing) -> None:
+        """The static mixed step of ``packing`` (:func:`~engines.serving.mixed_step.mixed_forward`)."""
+        logits = mixed_forward(self.model, self.cache, self.mixed_inputs.tensor[:4], packing)
+        self.mixed_logits[: packing.picks].copy_(logits)
+
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        # Largest bucket first: the pool is sized by the largest graph, the smaller ones reuse it.
+        # Largest step first: the pool is sized by the largest graph, the smaller ones reuse it.
         pool = torch.cuda.graph_pool_handle()
         host = self.inputs.claim()
         host[0], host[1], host[2] = 0, self.filler_position, 0  # warm-ups write only the filler slot
         self.inputs.send()
-        for n in reversed(self.buckets):
+        if self.packings:  # warm-ups and captures write only filler slots
+            mixed = self.mixed_inputs.claim()
+            mixed[:] = 0
+            mixed[1] = self.filler_position
+            self.mixed_inputs.send()
+        steps: list[tuple[Callable[[], None], Callable[[Callable[[], None]], None]]] = [
+            (partial(self._run_mixed, p), partial(self.mixeds.__setitem__, p))
+            for p in sorted(self.packings, key=lambda p: -p.tokens)
+        ]
+        steps += [
+            (partial(self._run, n), partial(self.decodes.__setitem__, n)) for n in reversed(self.buckets)
+        ]
+        for run, keep in steps:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):  # cuBLAS handles and workspaces before capture
-                    self._run(n)
+                    run()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._run(n)
+                run()
             self.graphs.append(graph)
-            self.decodes[n] = graph.replay
+            keep(graph.replay)
         torch.cuda.synchronize()
         k, v = self.cache.k, self.cache.v
         assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
@@ -123,6 +162,14 @@ class BatchedGraphStep(BatchedTorchStep):
         """The bucket (rows run) of a step whose highest decoding row is ``highest_row``."""
         return self.buckets[bisect.bisect_right(self.buckets, highest_row)]
 
+    def _check(self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> None:
+        if not rows or not (len(rows) == len(token_ids) == len(positions)) or len(set(rows)) != len(rows):
+            raise ValueError(f"decode needs distinct rows, one token and position each: {rows}")
+        if min(rows) < 0 or max(rows) >= self.rows or min(positions) < 0:
+            raise ValueError(f"rows {rows} or positions {positions} out of range (rows: {self.rows})")
+        if max(positions) >= self.capacity_tokens:
+            raise ValueError(f"position {max(positions)} is past the capacity of {self.capacity_tokens}")
+
     @torch.inference_mode()
     def decode(self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """One token for each of ``rows`` at its position; fp32 logits ``[len(rows), V]`` (device).
@@ -132,12 +179,7 @@ class BatchedGraphStep(BatchedTorchStep):
         Raises:
             ValueError: A row is repeated or out of range, or a position is past the capacity.
         """
-        if not rows or not (len(rows) == len(token_ids) == len(positions)) or len(set(rows)) != len(rows):
-            raise ValueError(f"decode needs distinct rows, one token and position each: {rows}")
-        if min(rows) < 0 or max(rows) >= self.rows or min(positions) < 0:
-            raise ValueError(f"rows {rows} or positions {positions} out of range (rows: {self.rows})")
-        if max(positions) >= self.capacity_tokens:
-            raise ValueError(f"position {max(positions)} is past the capacity of {self.capacity_tokens}")
+        self._check(rows, token_ids, positions)
         n = self.bucket_for(max(rows))
         host = self.inputs.claim()
         host[0, :n] = 0
@@ -150,6 +192,38 @@ class BatchedGraphStep(BatchedTorchStep):
         # A gather, so a copy: the static logits are overwritten by the next step.
         return self.logits.index_select(0, self.inputs.tensor[2, : len(rows)])
 
+    @torch.inference_mode()
+    def mixed(
+        self, rows: Sequence[int], token_ids: Sequence[int], positions: Sequence[int], chunks: Sequence[Chunk]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`BatchedTorchStep.mixed` as one replay: the smallest bucket and chunk shape holding it.
+
+        Raises:
+            ValueError: A row is repeated or out of range, a position is past the capacity, or the
+                chunks fit no shape.
+        """
+        if not chunks:
+            return self.decode(rows, token_ids, positions), self.mixed_logits[:0]
+        if rows:
+            self._check(rows, token_ids, positions)
+        widest = max(len(c.tokens) for c in chunks)
+        shape = next(((s, w) for s, w in self.chunk_shapes if s >= len(chunks) and w >= widest), None)
+        if shape is None:
+            raise ValueError(
+                f"chunks of {[len(c.tokens) for c in chunks]} tokens fit no shape of {self.chunk_shapes}"
+            )
+        packing = Packing(self.bucket_for(max(rows)) if rows else 0, *shape)
+        host = self.mixed_inputs.claim()
+        host[:4, : packing.tokens] = pack(
+            packing, rows, token_ids, positions, chunks, self.filler_position
+        ).numpy()
+        host[4, : len(rows)] = rows
+        host[4, len(rows) : len(rows) + len(chunks)] = range(packing.n, packing.n + len(chunks))
+        self.mixed_inputs.send()
+        self.mixeds[packing]()
+        picked = self.mixed_logits.index_select(0, self.mixed_inputs.tensor[4, : len(rows) + len(chunks)])
+        return picked[: len(rows)], picked[len(rows) :]
+
 
 def load_batched_step(
     model_dir: Path,
@@ -158,8 +232,12 @@ def load_batched_step(
     device: torch.device | str,
     dtype: torch.dtype,
     graphs: bool,
+    prefill_chunk: int = 0,
 ) -> BatchedTorchStep:
     """Load the model in ``model_dir`` as a batched step: CUDA graphs if ``graphs``, else eager.
+
+    ``prefill_chunk``: prompt tokens a step carries beside the decode tokens (0: prompts are
+    prefilled between steps).
 
     Raises:
         ValueError: ``graphs`` on a device other than CUDA.
@@ -170,5 +248,5 @@ def load_batched_step(
         raise ValueError(f"CUDA graphs need a CUDA device, not {device}; set cuda_graph off")
     model = load_decoder(model_dir, dtype=dtype, device=device)
     if graphs:
-        return BatchedGraphStep(model, rows, capacity_tokens, GraphOptions(capture=True))
-    return BatchedTorchStep(model, rows, capacity_tokens)
+        return BatchedGraphStep(model, rows, capacity_tokens, GraphOptions(capture=True), prefill_chunk)
+    return BatchedTorchStep(model, rows, capacity_tokens, prefill_chunk)

@@ -94,15 +94,21 @@ class TritonPythonModel:
         config = DecoderConfig.from_dir(options.model_dir)
         capacity = min(options.context_tokens, config.max_position_embeddings)
         graphs = use_cuda_graph(torch_options, device)
-        step = load_batched_step(options.model_dir, options.sequences, capacity, device, dtype, graphs)
+        step = load_batched_step(
+            options.model_dir, options.sequences, capacity, device, dtype, graphs, options.prefill_chunk
+        )
         self.scheduler = BatchScheduler(step, config.eos_token_ids)
         threading.Thread(target=_exit_with_server, args=(os.getppid(),), daemon=True).start()
+        chunking = f"prompt chunks of up to {options.prefill_chunk} tokens a step"
+        if not step.chunk_shapes:
+            chunking = "prompts prefilled between steps" + (" (longrope)" if options.prefill_chunk else "")
         logger.info(
-            "serving %s: %s, %d sequences of %d tokens",
+            "serving %s: %s, %d sequences of %d tokens, %s",
             options.model_dir,
             step.name,
             options.sequences,
             capacity,
+            chunking,
         )
 
     def execute(self, requests: list[Any]) -> None:

@@ -44,7 +44,8 @@ class ServeOptions:
     ``sequences``: KV-cache rows, i.e. conversations decoded together and sessions whose prefix
     is kept (the longest idle one loses it when a new one needs a row). ``queue_delay_us`` and
     ``preferred_batch_sizes``: Triton's dynamic batcher, which hands requests arriving within
-    the delay to the model together (they join the same decode step).
+    the delay to the model together (they join the same decode step). ``prefill_chunk``: prompt
+    tokens a decode step carries (chunked prefill; 0: prompts are prefilled between steps).
     """
 
     model_dir: Path = Path()
@@ -56,6 +57,7 @@ class ServeOptions:
     cuda_graph: str = "auto"
     queue_delay_us: int = 100
     preferred_batch_sizes: tuple[int, ...] = ()
+    prefill_chunk: int = 512
     tokenizer_sha256: str = ""
 
 

@@ -25,7 +25,7 @@ from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from models.config import DecoderConfig
 from models.weights import load_decoder
 from tests.helpers.families import FAMILIES, Family, family_prompt, greedy_run, reference_family, rel_err
-from tests.helpers.graph_steps import record_buckets
+from tests.helpers.graph_steps import record_buckets, record_packings
 
 pytestmark = [
     pytest.mark.gpu,
@@ -203,10 +203,16 @@ def test_batched_graph_decode_logits_track_the_eager_batched_step(small_dir, dty
             assert e.max() - e[g.argmax()] <= 4 * np.abs(g - e).max()
 
 
-def test_eight_concurrent_sequences_on_batched_graphs_get_their_batch1_greedy_tokens_fp32(small_dir):
-    step = load_batched_step(small_dir, 8, 512, "cuda", torch.float32, graphs=True)
+@pytest.mark.parametrize("prefill_chunk", [0, 512], ids=["prefill between steps", "chunked prefill"])
+def test_eight_concurrent_sequences_on_batched_graphs_get_their_batch1_greedy_tokens_fp32(
+    small_dir, prefill_chunk
+):
+    """Chunked: the captured mixed steps (prompts riding in decode steps) give the same tokens."""
+    step = load_batched_step(
+        small_dir, 8, 512, "cuda", torch.float32, graphs=True, prefill_chunk=prefill_chunk
+    )
     assert isinstance(step, BatchedGraphStep)
-    ran = record_buckets(step)
+    ran, mixed = record_buckets(step), record_packings(step)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 49152, n).tolist() for n in BATCH_PROMPT_TOKENS]
     # Rows leave in the order 4, 7, 2, 5, 6, 1, 3, 0: buckets 8, 4 and 1, with filler rows.
@@ -222,6 +228,10 @@ def test_eight_concurrent_sequences_on_batched_graphs_get_their_batch1_greedy_to
     finally:
         scheduler.close()
     assert {1, 4, 8} <= set(ran)
+    if prefill_chunk:  # four prompts share the first step; later ones join running rows
+        assert mixed[0].n == 0 and mixed[0].slots == 4 and any(p.n for p in mixed)
+    else:
+        assert not mixed
     for driver in (gpu(small_dir, "fp32", "on"), gpu(small_dir, "fp32", "off")):
         expected = [greedy(driver, p, n) for p, n in zip(prompts, new_tokens, strict=True)]
         assert got == expected, driver.name

@@ -65,7 +65,7 @@ def test_bench_ui_times_typed_turns_with_and_without_the_ui(tmp_path):
 
 
 def test_bench_serve_smoke_runs_both_servers_and_checks_the_replies(tmp_path):
-    """bench/serve.py on a tiny random model: a real tritonserver, batched and one row."""
+    """bench/serve.py on a tiny random model: a real tritonserver, batched (chunked prefill) and one row."""
     import pytest
 
     pytest.importorskip("pytriton", reason="Triton comes with the serve extra (scripts/setup.sh --dev)")
@@ -73,16 +73,18 @@ def test_bench_serve_smoke_runs_both_servers_and_checks_the_replies(tmp_path):
     cmd = [
         sys.executable, "-m", "bench.serve", "--random-model", "tiny", "--device", "cpu",
         "--threads", "1", "--sessions", "1,4", "--turns", "2", "--prompt-tokens", "16", "--reply-tokens", "8",
-        "--think-ms", "0", "--json", str(out_json),
+        "--think-ms", "0", "--prefill-chunks", "512", "--json", str(out_json),
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "| server | sessions | requests/s | tokens/s | TTFT P50 / P95 / P99 ms |" in out.stdout
     doc = json.loads(out_json.read_text())
-    for mode in ("batched", "sequential"):
+    batched = "batched, prefill chunk 512"
+    assert list(doc["results"]) == [batched, "sequential"]
+    for mode in (batched, "sequential"):
         rows = doc["results"][mode]
         assert [r["sessions"] for r in rows] == [1, 4]
         assert all(r["requests"] == r["sessions"] * 2 and r["requests_per_s"] > 0 for r in rows)
         assert all(s["tokens"] == 8 for r in rows for s in r["samples"])  # the end token is off
-    check = doc["results"]["batched"][0]["check"]
+    check = doc["results"][batched][0]["check"]
     assert check["identical_replies"] == check["replies"] == 4  # fp32: the wire carries the right ids
