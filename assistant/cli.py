@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="serve.prefill_chunk",
         type=int,
         metavar="TOKENS",
-        help="newcomers' prompt tokens each decode step carries; 0 prefills them between steps (default 512)",
+        help="prompt tokens of newcomers each decode step carries; 0: prefill between steps (default 1024)",
     )
     add_engine_parsers(sub, partial(settings_flags, command="engine"))
     sub.add_parser(

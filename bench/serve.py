@@ -2,7 +2,7 @@
 
 Starts ``assistant serve``'s Triton (:class:`assistant.modes.serve.TritonProcess`) several times on
 the same model: with ``--sequences`` rows (in-flight batching) once per ``--prefill-chunks``
-value (512: newcomers' prompts ride in the decode steps; 0: each is prefilled between steps),
+value (1024: newcomers' prompts ride in the decode steps; 0: each is prefilled between steps),
 then with 1 row (requests decoded one at a time: what one decoder per box gives; skip it with
 ``--no-sequential``). For each load of N concurrent simulated voice
 sessions, every session runs ``--turns`` turns: a prompt of the conversation so far plus
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=0, help="server rows (default: the largest --sessions)")
     parser.add_argument("--queue-delay-us", type=int, default=100)
     parser.add_argument(
-        "--prefill-chunks", default="512,0", help="the batched server's --prefill-chunk values, one run each"
+        "--prefill-chunks", default="1024,0", help="the batched server's --prefill-chunk values, one run each"
     )
     parser.add_argument("--no-sequential", action="store_true", help="skip the one-row server")
     parser.add_argument("--device", default="auto")

@@ -253,4 +253,4 @@ class ServeSettings:
     sequences: int = field(default=16, metadata=bounds(min=1, max=256))
     queue_delay_us: int = field(default=100, metadata=bounds(min=0, max=1_000_000))
     preferred_batch_sizes: list[int] = field(default_factory=list, metadata=bounds(min=1, max=256))
-    prefill_chunk: int = field(default=512, metadata=bounds(min=0, max=8192))
+    prefill_chunk: int = field(default=1024, metadata=bounds(min=0, max=8192))

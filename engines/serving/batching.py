@@ -136,6 +136,7 @@ class BatchScheduler:
             maxlen=HISTORY
         )  # prompts per prefill forward (or step), latest
         self.decode_ns = 0  # time in decode steps (host view, logits on the device)
+        self.chunk_step_ns = 0  # chunked prefill: time in the steps that carried prompt chunks
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
 
@@ -169,10 +170,13 @@ class BatchScheduler:
         """Decode steps, their mean time and batch size, prefill forwards (for the server's log)."""
         steps = max(self.steps, 1)
         mean_batch = self.decoded / steps
-        prefills = "steps with prompt chunks" if self.step.chunk_shapes else "prefill forwards"
+        prefills = f"{self.prefills} prefill forwards"
+        if self.step.chunk_shapes:
+            each = self.chunk_step_ns / 1e6 / max(self.prefills, 1)
+            prefills = f"{self.prefills} steps with prompt chunks, {each:.1f} ms each"
         return (
             f"{self.steps} decode steps, {self.decode_ns / 1e6 / steps:.1f} ms and {mean_batch:.1f} "
-            f"sequences each; {self.prefills} {prefills}"
+            f"sequences each; {prefills}"
         )
 
     def close(self) -> None:
@@ -285,11 +289,9 @@ class BatchScheduler:
             for sequence in [*running, *(s for s, _ in chunks)]:
                 self._finish(sequence, None, f"step failed: {e}")
             return
-        if chunks:
-            self.prefills += 1
-            self.prefill_sizes.append(len(chunks))
+        step_ns = time.monotonic_ns() - start_ns  # the logits' host copy below waits for the device
         if running:
-            self._advance(running, logits, time.monotonic_ns() - start_ns)
+            self._advance(running, logits, step_ns)
         for (sequence, chunk), row_logits in zip(chunks, last_logits, strict=True):
             self.rows[sequence.row].cached_ids.extend(chunk.tokens)
             sequence.prefilled += len(chunk.tokens)
@@ -299,6 +301,10 @@ class BatchScheduler:
                 sequence.context = list(sequence.prompt_ids)
                 self.running.append(sequence)
                 self._emit(sequence, self._choose(sequence, row_logits))
+        if chunks:
+            self.prefills += 1
+            self.prefill_sizes.append(len(chunks))
+            self.chunk_step_ns += time.monotonic_ns() - start_ns
 
     def _decode(self) -> None:
         running = [s for s in self.running if s.stop_reason is None]

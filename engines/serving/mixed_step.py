@@ -31,19 +31,20 @@ from models.decoder import Block, KVCache
 from models.decoder import Decoder as DecoderModel
 from models.layers import attention_mask, grouped_attention
 
-CHUNK_WIDTHS = (32, 128, 512)  # tokens a chunk slot holds (CUDA-graph buckets)
-CHUNK_SLOTS = (1, 2, 4)  # prompts one step advances at most 4
+CHUNK_TOKENS = (64, 256, 1024)  # prompt tokens a step's chunk part holds, pads included
+CHUNK_SLOTS = (1, 2, 4, 8, 16)  # prompts it advances (the tokens split evenly among them)
 
 
 def chunk_shapes(budget: int) -> list[tuple[int, int]]:
-    """The ``(slots, width)`` a step's prompt part may take: ``slots * width <= budget`` tokens.
+    """The ``(slots, width)`` a step's prompt part may take: ``slots * width`` of :data:`CHUNK_TOKENS`.
 
-    ``budget`` 0: none (prompts are prefilled between steps).
+    Sizes up to ``budget`` (``budget`` itself if it is under all of them); widths of 4 tokens or
+    more. ``budget`` 0: none (prompts are prefilled between steps).
     """
     if budget <= 0:
         return []
-    widths = [w for w in CHUNK_WIDTHS if w <= budget] or [budget]
-    return [(s, w) for s in CHUNK_SLOTS for w in widths if s * w <= budget]
+    sizes = [t for t in CHUNK_TOKENS if t <= budget] or [budget]
+    return [(s, t // s) for t in sizes for s in CHUNK_SLOTS if t // s >= 4]
 
 
 def plan_chunks(
@@ -51,13 +52,16 @@ def plan_chunks(
 ) -> tuple[tuple[int, int], list[int]]:
     """The shape and each chunk's length for prompts with ``remaining`` tokens left, first come first.
 
-    The shape that advances the most prompt tokens, then the one with the fewest pads: a burst
-    of newcomers is spread over the slots instead of queueing one prompt per step.
+    The shape that completes the most prompts (each one completed is a first token, so a burst
+    of newcomers gets its first tokens soonest), then the one that advances the most prompt
+    tokens, then the smallest. The first prompt is always in the step, so a long one advances
+    every step however many short ones complete beside it.
     """
-    best: tuple[tuple[int, int], tuple[int, int], list[int]] | None = None
+    best: tuple[tuple[int, int, int], tuple[int, int], list[int]] | None = None
     for slots, width in shapes:
         lengths = [min(r, width) for r in remaining[:slots]]
-        score = (sum(lengths), -slots * width)
+        done = sum(r <= width for r in remaining[:slots])
+        score = (done, sum(lengths), -slots * width)
         if best is None or score > best[0]:
             best = (score, (slots, width), lengths)
     if best is None:

@@ -57,7 +57,7 @@ class ServeOptions:
     cuda_graph: str = "auto"
     queue_delay_us: int = 100
     preferred_batch_sizes: tuple[int, ...] = ()
-    prefill_chunk: int = 512
+    prefill_chunk: int = 1024
     tokenizer_sha256: str = ""
 
 

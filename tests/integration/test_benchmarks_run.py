@@ -73,13 +73,13 @@ def test_bench_serve_smoke_runs_both_servers_and_checks_the_replies(tmp_path):
     cmd = [
         sys.executable, "-m", "bench.serve", "--random-model", "tiny", "--device", "cpu",
         "--threads", "1", "--sessions", "1,4", "--turns", "2", "--prompt-tokens", "16", "--reply-tokens", "8",
-        "--think-ms", "0", "--prefill-chunks", "512", "--json", str(out_json),
+        "--think-ms", "0", "--prefill-chunks", "1024", "--json", str(out_json),
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "| server | sessions | requests/s | tokens/s | TTFT P50 / P95 / P99 ms |" in out.stdout
     doc = json.loads(out_json.read_text())
-    batched = "batched, prefill chunk 512"
+    batched = "batched, prefill chunk 1024"
     assert list(doc["results"]) == [batched, "sequential"]
     for mode in (batched, "sequential"):
         rows = doc["results"][mode]

@@ -25,16 +25,18 @@ from tests.helpers.graph_steps import record_packings
 from tests.unit.test_batched_graph_step_math import CAPACITY, ROWS, conversation, ids, tiny_decoder
 
 
-def test_chunk_shapes_fit_the_budget_and_a_burst_spreads_over_the_slots():
+def test_chunk_shapes_fit_the_budget_and_a_burst_of_newcomers_completes_soonest():
     assert chunk_shapes(0) == []
-    assert chunk_shapes(64) == [(1, 32), (2, 32)]
-    shapes = chunk_shapes(512)
-    assert shapes == [(1, 32), (1, 128), (1, 512), (2, 32), (2, 128), (4, 32), (4, 128)]
-    assert plan_chunks([20], shapes) == ((1, 32), [20])  # the fewest pads among equals
-    assert plan_chunks([700], shapes) == ((1, 512), [512])  # a long prompt in chunks
-    assert plan_chunks([160] * 6, shapes) == ((4, 128), [128] * 4)  # four newcomers at once
-    assert plan_chunks([32, 32, 300], shapes) == ((4, 128), [32, 32, 128])
-    assert plan_chunks([300, 32], shapes) == ((1, 512), [300])  # 2 x 128 would carry less
+    assert chunk_shapes(40) == [(1, 40), (2, 20), (4, 10), (8, 5)]
+    shapes = chunk_shapes(1024)
+    assert shapes[:5] == [(1, 64), (2, 32), (4, 16), (8, 8), (16, 4)]
+    assert shapes[10:] == [(1, 1024), (2, 512), (4, 256), (8, 128), (16, 64)]
+    assert plan_chunks([20], shapes) == ((1, 64), [20])  # the smallest among equals
+    assert plan_chunks([700], shapes) == ((1, 1024), [700])
+    assert plan_chunks([128] * 20, shapes) == ((8, 128), [128] * 8)  # eight first tokens at once
+    assert plan_chunks([129] * 20, shapes) == ((4, 256), [129] * 4)  # 8 x 128 would complete none
+    assert plan_chunks([3000, 20, 20], shapes) == ((4, 256), [256, 20, 20])  # the long one advances too
+    assert plan_chunks([3000], shapes) == ((1, 1024), [1024])
     with pytest.raises(ValueError, match="chunked prefill is off"):
         plan_chunks([5], [])
 
@@ -139,11 +141,11 @@ def test_newcomers_ride_in_decode_steps_and_the_greedy_tokens_stay_the_same(grap
 
 def test_the_graph_step_runs_the_smallest_shape_holding_the_chunks():
     step = BatchedGraphStep(tiny_decoder(), ROWS, CAPACITY, GraphOptions(capture=False), prefill_chunk=512)
-    assert len(step.packings) == 5 * 7  # decode buckets 0, 1, 2, 4, 8 times the chunk shapes
+    assert len(step.packings) == 5 * 10  # decode buckets 0, 1, 2, 4, 8 times shapes of 64 and 256 tokens
     ran = record_packings(step)
     step.mixed([0, 2], [1, 2], [0, 0], [Chunk(5, ids(20, 0), 0)])
     step.mixed([], [], [], [Chunk(5, ids(40, 1), 20), Chunk(6, ids(3, 2), 0)])
     step.mixed([1], [3], [1], [Chunk(r, ids(30, r), 0) for r in (5, 6, 7)])
-    assert ran == [Packing(4, 1, 32), Packing(0, 2, 128), Packing(2, 4, 32)]
+    assert ran == [Packing(4, 1, 64), Packing(0, 2, 128), Packing(2, 4, 64)]
     with pytest.raises(ValueError, match="fit no shape"):
         step.mixed([0], [1], [2], [Chunk(5, ids(129, 4), 0), Chunk(6, ids(3, 5), 0)])
