@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,6 +62,7 @@ class BatchedRequest:
     prefilled: int = 0  # chunked prefill: prompt tokens in the row's cache so far
     cancelled: threading.Event = field(default_factory=threading.Event)
     out: queue.Queue[tuple[int, int] | None] = field(default_factory=queue.Queue)
+    tag: Any = None  # the submitter's own (the server's stream of this request)
 
     def cancel(self) -> None:
         """Stop generating (the client left or has what it needs); the row is freed at the next step."""
@@ -114,11 +116,19 @@ def place_session(rows: list[_Row], session: str, swap_rows: Callable[[int, int,
 class BatchScheduler:
     """Owns the step and one thread that runs it: submit from any thread, read tokens as they come.
 
-    ``close()`` stops the thread and ends every running sequence as cancelled.
+    ``close()`` stops the thread and ends every running sequence as cancelled. With an
+    ``outbox``, each item put in a sequence's ``out`` queue is announced there too (the sequence
+    itself), so one thread can serve every stream instead of a thread blocked on each.
     """
 
-    def __init__(self, step: BatchedTorchStep, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        step: BatchedTorchStep,
+        eos_token_ids: Sequence[int],
+        outbox: queue.Queue[BatchedRequest | None] | None = None,
+    ) -> None:
         self.step = step
+        self.outbox = outbox
         self.eos_token_ids = frozenset(eos_token_ids)
         self.capacity_tokens = step.capacity_tokens
         self.rows = [_Row() for _ in range(step.rows)]
@@ -140,8 +150,10 @@ class BatchScheduler:
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
 
-    def submit(self, session: str, prompt_ids: Sequence[int], options: GenerationOptions) -> BatchedRequest:
-        """Queue a generation of ``prompt_ids`` for ``session`` (its row keeps the prefix).
+    def submit(
+        self, session: str, prompt_ids: Sequence[int], options: GenerationOptions, tag: Any = None
+    ) -> BatchedRequest:
+        """Queue a generation of ``prompt_ids`` for ``session`` (its row keeps the prefix), ``tag`` on it.
 
         Raises:
             RequestError: The prompt is empty or does not fit the context.
@@ -153,7 +165,7 @@ class BatchScheduler:
                 f"prompt of {len(prompt_ids)} tokens does not fit the server's context of "
                 f"{self.capacity_tokens}; shorten the conversation or raise the server's context"
             )
-        sequence = BatchedRequest(session, list(prompt_ids), options)
+        sequence = BatchedRequest(session, list(prompt_ids), options, tag=tag)
         with self.lock:
             if self.closed:
                 raise RequestError("the server is shutting down")
@@ -349,7 +361,7 @@ class BatchScheduler:
     def _emit(self, sequence: BatchedRequest, token: int) -> None:
         sequence.generated_tokens += 1
         sequence.last_token = token
-        sequence.out.put((token, time.monotonic_ns()))
+        self._put(sequence, (token, time.monotonic_ns()))
         if token in self.eos_token_ids:
             self._finish(sequence, StopReason.EOS)
             return
@@ -372,4 +384,9 @@ class BatchScheduler:
             row.last_used_ns = time.monotonic_ns()
             if error:
                 row.cached_ids = []  # unknown state: prefill everything next time
-        sequence.out.put(None)
+        self._put(sequence, None)
+
+    def _put(self, sequence: BatchedRequest, item: tuple[int, int] | None) -> None:
+        sequence.out.put(item)
+        if self.outbox is not None:
+            self.outbox.put(sequence)

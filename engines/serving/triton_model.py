@@ -2,8 +2,14 @@
 
 Triton's Python backend imports this inside its stub process (``triton_python_backend_utils``
 exists only there). ``execute`` hands each request to the :class:`~engines.serving.batching.BatchScheduler`
-and returns at once; a thread per request streams its tokens back and cancels the sequence as
-soon as Triton says the client is gone (a cancelled gRPC stream or a dropped connection).
+and returns at once; one sender thread streams every request's tokens back (the scheduler
+announces each in its outbox) and cancels a sequence as soon as Triton says the client is gone
+(a cancelled gRPC stream or a dropped connection).
+
+One sender, not a thread per request: with 64 streams, 64 threads woke at every decode step
+and took the GIL from the scheduler thread in turn; Python hands the GIL over only every
+``SWITCH_INTERVAL_S`` (5 ms by default, shortened here: the stub runs this model alone), so a
+~2 ms step waited on them.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import sys
 import threading
 import time
 from typing import Any
@@ -19,7 +27,7 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils  # ty: ignore  (only inside Triton's stub)
 
-from engines.serving.batching import BatchScheduler, RequestError
+from engines.serving.batching import BatchedRequest, BatchScheduler, RequestError
 from engines.serving.batching_graph import load_batched_step
 from engines.serving.wire import (
     OPTIONS,
@@ -63,6 +71,7 @@ def _exit_with_server(server_pid: int) -> None:
 
 
 PARENT_CHECK_S = 0.5
+SWITCH_INTERVAL_S = 0.0005  # how long a thread holds the GIL before another may take it
 
 
 def output(name: str, value: torch.Tensor) -> Any:
@@ -97,7 +106,11 @@ class TritonPythonModel:
         step = load_batched_step(
             options.model_dir, options.sequences, capacity, device, dtype, graphs, options.prefill_chunk
         )
-        self.scheduler = BatchScheduler(step, config.eos_token_ids)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.outbox: queue.Queue[BatchedRequest | None] = queue.Queue()
+        self.scheduler = BatchScheduler(step, config.eos_token_ids, self.outbox)
+        self.sender = threading.Thread(target=self._send_all, name="token-sender", daemon=True)
+        self.sender.start()
         threading.Thread(target=_exit_with_server, args=(os.getppid(),), daemon=True).start()
         chunking = f"prompt chunks of up to {options.prefill_chunk} tokens a step"
         if not step.chunk_shapes:
@@ -112,7 +125,7 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list[Any]) -> None:
-        """Queue each request; its tokens are sent from its own thread as they come."""
+        """Queue each request; the sender thread streams its tokens as they come."""
         arrived_ns = time.monotonic_ns()
         for request in requests:
             sender = request.get_response_sender()
@@ -121,39 +134,49 @@ class TritonPythonModel:
                 assert ids is not None  # not optional: Triton refuses a request without it
                 session_id = text_input(request, SESSION)
                 options = decode_options(text_input(request, OPTIONS))
-                sequence = self.scheduler.submit(session_id, ids.tolist(), options)
+                self.scheduler.submit(session_id, ids.tolist(), options, tag=(request, sender, arrived_ns))
             except (RequestError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
                 sender.send(
                     pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED + str(e))),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
-                continue
-            threading.Thread(
-                target=self._stream, args=(request, sender, sequence, arrived_ns), daemon=True
-            ).start()
         return None
 
-    def _stream(self, request: Any, sender: Any, sequence: Any, arrived_ns: int) -> None:
-        try:
-            for token, t_ns in sequence.tokens():
-                if request.is_cancelled():
-                    sequence.cancel()
-                    break
-                outputs = [
-                    output(TOKEN, torch.tensor([token], dtype=torch.int64)),
-                    output(SERVER_US, torch.tensor([(t_ns - arrived_ns) // 1000], dtype=torch.int64)),
-                    output(REUSED, torch.tensor([sequence.reused_tokens], dtype=torch.int32)),
-                ]
-                sender.send(pb_utils.InferenceResponse(outputs))
-        except RequestError as e:
-            sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-            )
+    def _send_all(self) -> None:
+        """Send each token the scheduler announces, in order; ``None`` in the outbox ends it."""
+        while (sequence := self.outbox.get()) is not None:
+            item = sequence.out.get_nowait()  # one announcement per item
+            request, sender, arrived_ns = sequence.tag
+            if item is None:
+                self._close_stream(sequence, sender)
+            elif not sequence.cancelled.is_set():
+                self._send_token(sequence, request, sender, item, arrived_ns)
+
+    def _send_token(
+        self, sequence: BatchedRequest, request: Any, sender: Any, item: tuple[int, int], arrived_ns: int
+    ) -> None:
+        if request.is_cancelled():
+            sequence.cancel()  # the scheduler ends it at its next step; the rest is dropped
             return
+        token, t_ns = item
+        outputs = [
+            output(TOKEN, torch.tensor([token], dtype=torch.int64)),
+            output(SERVER_US, torch.tensor([(t_ns - arrived_ns) // 1000], dtype=torch.int64)),
+            output(REUSED, torch.tensor([sequence.reused_tokens], dtype=torch.int32)),
+        ]
+        try:
+            sender.send(pb_utils.InferenceResponse(outputs))
         except Exception:  # the client vanished mid-send: stop generating for it
             sequence.cancel()
             logger.exception("stream of session %s ended", sequence.session)
+
+    def _close_stream(self, sequence: BatchedRequest, sender: Any) -> None:
+        if sequence.error:
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(sequence.error)),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+            return
         if sequence.cancelled.is_set():
             # A warning, so Triton's log has it without logging set up (tests read it).
             logger.warning(
@@ -161,9 +184,14 @@ class TritonPythonModel:
                 sequence.session,
                 sequence.generated_tokens,
             )
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        try:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client is gone: nothing left to tell it
+            logger.exception("stream of session %s could not be closed", sequence.session)
 
     def finalize(self) -> None:
         """Stop the scheduler (running sequences end cancelled); its summary goes to the log."""
         self.scheduler.close()
+        self.outbox.put(None)
+        self.sender.join()
         logger.warning("served: %s", self.scheduler.summary())

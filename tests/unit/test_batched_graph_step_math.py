@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import queue
 import time
 
 import numpy as np
@@ -182,3 +183,24 @@ def test_load_batched_step_reads_the_weights_into_an_eager_step_off_cuda(tmp_pat
     torch.testing.assert_close(step.prefill(2, prompt, 0), expected)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
         load_batched_step(tmp_path, 4, CAPACITY, "cpu", torch.float32, graphs=True)
+
+
+def test_an_outbox_announces_every_token_and_each_end_once_in_order():
+    """One sender thread can serve every stream: each item a sequence gets is announced once."""
+    outbox: queue.Queue = queue.Queue()
+    scheduler = BatchScheduler(BatchedTorchStep(tiny_decoder(), ROWS, CAPACITY), [], outbox)
+    try:
+        requests = [
+            scheduler.submit(f"s{i}", ids(5 + i, i), GenerationOptions(max_new_tokens=3 + i), tag=i)
+            for i in range(4)
+        ]
+        got: dict[int, list] = {i: [] for i in range(4)}
+        while sum(item is None for items in got.values() for item in items) < 4:
+            sequence = outbox.get(timeout=10)
+            got[sequence.tag].append(sequence.out.get_nowait())  # announced after it was put
+    finally:
+        scheduler.close()
+    for i, request in enumerate(requests):
+        assert [t for t, _ in got[i][:-1]] and got[i][-1] is None and len(got[i]) == 3 + i + 1
+        assert request.out.empty()  # nothing was put without its announcement
+    assert outbox.empty()
