@@ -26,13 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from models.decoder import Block, KVCache
 from models.decoder import Decoder as DecoderModel
 from models.layers import attention_mask, grouped_attention
 
 CHUNK_TOKENS = (64, 256, 1024)  # prompt tokens a step's chunk part holds, pads included
-CHUNK_SLOTS = (1, 2, 4, 8, 16)  # prompts it advances (the tokens split evenly among them)
+# Prompts it advances (the tokens split evenly among them). 3, 6 and 12 give widths between
+# the powers of two: a turn of 129 new tokens filled half of 4 x 256 slots; 6 x 170 holds 76 %.
+CHUNK_SLOTS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def chunk_shapes(budget: int) -> list[tuple[int, int]]:
@@ -58,10 +61,10 @@ def plan_chunks(
     every step however many short ones complete beside it.
     """
     best: tuple[tuple[int, int, int], tuple[int, int], list[int]] | None = None
-    for slots, width in shapes:
+    for order, (slots, width) in enumerate(shapes):  # smallest first
         lengths = [min(r, width) for r in remaining[:slots]]
         done = sum(r <= width for r in remaining[:slots])
-        score = (done, sum(lengths), -slots * width)
+        score = (done, sum(lengths), -order)
         if best is None or score > best[0]:
             best = (score, (slots, width), lengths)
     if best is None:
@@ -181,9 +184,13 @@ def mixed_forward(
             queries = q[0, :, n:].unflatten(1, (slots, width)).transpose(0, 1)  # [slots, heads, width, D]
             keys = k_cache.index_select(0, chunk_rows).to(q.dtype)
             values = v_cache.index_select(0, chunk_rows).to(q.dtype)
-            out = grouped_attention(
-                queries, keys, values, chunk_masks[layer.layer_type], attn.scale, attn.logit_cap
-            )
+            mask = chunk_masks[layer.layer_type]
+            if attn.logit_cap is None:  # SDPA's masked kernel: no fp32 scores of every slot in memory
+                out = F.scaled_dot_product_attention(
+                    queries, keys, values, attn_mask=mask, enable_gqa=True, scale=attn.scale
+                )
+            else:  # SDPA has no soft-cap (Gemma 2)
+                out = grouped_attention(queries, keys, values, mask, attn.scale, attn.logit_cap)
             parts.append(out.transpose(1, 2).reshape(slots * width, -1))
         attended = attn.o_proj(torch.cat(parts)[None])
         x = layer.add_feed_forward(layer.add_attention(x, attended))
