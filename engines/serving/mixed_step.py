@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from models.decoder import Block, KVCache
 from models.decoder import Decoder as DecoderModel
@@ -184,13 +183,10 @@ def mixed_forward(
             queries = q[0, :, n:].unflatten(1, (slots, width)).transpose(0, 1)  # [slots, heads, width, D]
             keys = k_cache.index_select(0, chunk_rows).to(q.dtype)
             values = v_cache.index_select(0, chunk_rows).to(q.dtype)
-            mask = chunk_masks[layer.layer_type]
-            if attn.logit_cap is None:  # SDPA's masked kernel: no fp32 scores of every slot in memory
-                out = F.scaled_dot_product_attention(
-                    queries, keys, values, attn_mask=mask, enable_gqa=True, scale=attn.scale
-                )
-            else:  # SDPA has no soft-cap (Gemma 2)
-                out = grouped_attention(queries, keys, values, mask, attn.scale, attn.logit_cap)
+            # Plain matmuls: SDPA here (masked, enable_gqa) made a chunk step 11 -> 17 ms on an H100.
+            out = grouped_attention(
+                queries, keys, values, chunk_masks[layer.layer_type], attn.scale, attn.logit_cap
+            )
             parts.append(out.transpose(1, 2).reshape(slots * width, -1))
         attended = attn.o_proj(torch.cat(parts)[None])
         x = layer.add_feed_forward(layer.add_attention(x, attended))
