@@ -18,7 +18,7 @@
 
 With ``prefill_chunk`` (chunked prefill, :mod:`engines.serving.mixed_step`), newcomers'
 prompts ride in the decode step: one more graph per decode bucket (and none) and chunk shape
-``(slots, width)``, e.g. 8 x 24 for 64 rows and 1024 tokens. Without it, prefill stays eager:
+``(slots, width)``, e.g. 8 x 15 for 64 rows and 1024 tokens. Without it, prefill stays eager:
 the forward of ``BatchedTorchStep`` on the rows, between decode steps.
 
 All graphs share one memory pool (they never run concurrently). With ``capture=False`` the

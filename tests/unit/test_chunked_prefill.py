@@ -27,15 +27,15 @@ from tests.unit.test_batched_graph_step_math import CAPACITY, ROWS, conversation
 
 def test_chunk_shapes_fit_the_budget_and_a_burst_of_newcomers_completes_soonest():
     assert chunk_shapes(0) == []
-    assert chunk_shapes(40) == [(1, 40), (2, 20), (3, 13), (4, 10), (6, 6), (8, 5)]
+    assert chunk_shapes(40) == [(1, 40), (2, 20), (4, 10), (8, 5)]
     shapes = chunk_shapes(1024)
-    assert shapes[:8] == [(1, 64), (2, 32), (3, 21), (4, 16), (6, 10), (8, 8), (12, 5), (16, 4)]
-    assert shapes[16:] == [(1, 1024), (2, 512), (3, 341), (4, 256), (6, 170), (8, 128), (12, 85), (16, 64)]
+    assert shapes[:5] == [(1, 64), (2, 32), (4, 16), (8, 8), (16, 4)]
+    assert shapes[10:] == [(1, 1024), (2, 512), (4, 256), (8, 128), (16, 64)]
     assert plan_chunks([20], shapes) == ((1, 64), [20])  # the smallest among equals
     assert plan_chunks([700], shapes) == ((1, 1024), [700])
     assert plan_chunks([128] * 20, shapes) == ((8, 128), [128] * 8)  # eight first tokens at once
-    assert plan_chunks([129] * 20, shapes) == ((6, 170), [129] * 6)  # 8 x 128 would complete none
-    assert plan_chunks([3000, 20, 20], shapes) == ((3, 341), [341, 20, 20])  # the long one advances too
+    assert plan_chunks([129] * 20, shapes) == ((4, 256), [129] * 4)  # 8 x 128 would complete none
+    assert plan_chunks([3000, 20, 20], shapes) == ((4, 256), [256, 20, 20])  # the long one advances too
     assert plan_chunks([3000], shapes) == ((1, 1024), [1024])
     with pytest.raises(ValueError, match="chunked prefill is off"):
         plan_chunks([5], [])
@@ -141,11 +141,11 @@ def test_newcomers_ride_in_decode_steps_and_the_greedy_tokens_stay_the_same(grap
 
 def test_the_graph_step_runs_the_smallest_shape_holding_the_chunks():
     step = BatchedGraphStep(tiny_decoder(), ROWS, CAPACITY, GraphOptions(capture=False), prefill_chunk=512)
-    assert len(step.packings) == 5 * 16  # decode buckets 0, 1, 2, 4, 8 times shapes of 64 and 256 tokens
+    assert len(step.packings) == 5 * 10  # decode buckets 0, 1, 2, 4, 8 times shapes of 64 and 256 tokens
     ran = record_packings(step)
     step.mixed([0, 2], [1, 2], [0, 0], [Chunk(5, ids(20, 0), 0)])
     step.mixed([], [], [], [Chunk(5, ids(40, 1), 20), Chunk(6, ids(3, 2), 0)])
     step.mixed([1], [3], [1], [Chunk(r, ids(30, r), 0) for r in (5, 6, 7)])
-    assert ran == [Packing(4, 1, 64), Packing(0, 2, 128), Packing(2, 3, 85)]
+    assert ran == [Packing(4, 1, 64), Packing(0, 2, 128), Packing(2, 4, 64)]
     with pytest.raises(ValueError, match="fit no shape"):
         step.mixed([0], [1], [2], [Chunk(5, ids(129, 4), 0), Chunk(6, ids(3, 5), 0)])
