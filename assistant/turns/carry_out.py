@@ -72,7 +72,7 @@ class Carrier:
                 run.cancel.set()
             elif isinstance(action, act.Judge):
                 assert isinstance(action.audio, np.ndarray)
-                question = self.runs.runs.get(action.joined_with)
+                question = self.runs.get(action.joined_with)
                 self.side.judge(action.turn_id, action.audio, question.gate.said if question else None)
             elif isinstance(action, act.StopSpeaker):
                 if self.speaker is not None:

@@ -208,7 +208,7 @@ class LiveLoop:
         """A run's thread is done: it no longer holds the floor or the turn."""
         with self.floor:
             self.engine.ended(attempt)
-            del self.runs.runs[attempt]
+            self.runs.forget(attempt)
 
     def _sink(self) -> AudioSink | None:
         """The speaker, or None (text only) while it is lost."""

@@ -51,6 +51,14 @@ class TurnRuns:
     def __getitem__(self, attempt: int) -> Run:
         return self.runs[attempt]
 
+    def get(self, attempt: int) -> Run | None:
+        """The run of ``attempt``, or ``None`` when it has ended (or there is none: attempt 0)."""
+        return self.runs.get(attempt)
+
+    def forget(self, attempt: int) -> None:
+        """Drop the record of ``attempt``'s run, whose thread is done (caller's lock held)."""
+        del self.runs[attempt]
+
     def threads(self) -> list[threading.Thread]:
         """The threads of the runs not finished yet."""
         return [r.thread for r in self.runs.values()]

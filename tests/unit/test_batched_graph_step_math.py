@@ -11,9 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import queue
-import time
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -23,40 +21,15 @@ from engines.cuda_graph import GraphOptions
 from engines.serving.batched_step import BatchedTorchStep
 from engines.serving.batching import BatchScheduler
 from engines.serving.batching_graph import BatchedGraphStep, batch_buckets, load_batched_step
-from models.config import DecoderConfig
-from models.decoder import Decoder, KVCache
+from models.decoder import KVCache
+from tests.helpers.batching import CAPACITY, ROWS, VOCAB, conversation, ids, tiny_decoder
 from tests.helpers.graph_steps import record_buckets
-
-VOCAB = 97
-CAPACITY = 96  # 128 slots once aligned: slots 96..127 must never be written
-ROWS = 8
-
-
-def tiny_decoder(model_type: str = "llama") -> Decoder:
-    torch.manual_seed(0)
-    config = DecoderConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, max_position_embeddings=128, model_type=model_type,
-        attention_bias=model_type == "qwen2",
-    )  # fmt: skip
-    model = Decoder(config).eval()
-    # Default init leaves the embeddings in charge: greedy runs fall into two-token loops that
-    # a damaged key does not change. Three times the weights let attention pick the tokens.
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2 and not name.startswith("embed"):
-                param.mul_(3.0)
-    return model
 
 
 def steps(model_type: str = "llama", rows: int = ROWS) -> tuple[BatchedTorchStep, BatchedGraphStep]:
     model = tiny_decoder(model_type)
     eager = BatchedTorchStep(copy.deepcopy(model), rows, CAPACITY)
     return eager, BatchedGraphStep(model, rows, CAPACITY, GraphOptions(capture=False))
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
@@ -99,31 +72,6 @@ def test_the_smallest_bucket_holding_the_highest_row_runs_and_buckets_stop_at_ro
     for rows, _ in cases:
         static.decode(rows, [1] * len(rows), [3] * len(rows))
     assert ran == [bucket for _, bucket in cases]
-
-
-def conversation(scheduler: BatchScheduler) -> list[tuple[list[int], str]]:
-    """Five sessions joining and leaving; one comes back to the row it left idle, prefix kept."""
-
-    def run(request):
-        return [t for t, _ in request.tokens()], request.stop_reason.value
-
-    first = scheduler.submit("a", ids(50, 1), GenerationOptions(max_new_tokens=4))
-    others = [
-        scheduler.submit("b", ids(12, 2), GenerationOptions(max_new_tokens=40)),
-        scheduler.submit("c", ids(20, 3), GenerationOptions(max_new_tokens=30)),
-        scheduler.submit("d", ids(3, 4), GenerationOptions(max_new_tokens=12)),
-        scheduler.submit("e", ids(80, 5), GenerationOptions(max_new_tokens=40)),  # fills the cache
-    ]
-    results = [run(first)]
-    # Row 0 now idles, holding a's prefix, while b-e decode with it as a filler row.
-    steps_then, deadline = scheduler.steps, time.monotonic() + 10
-    while scheduler.steps < steps_then + 3 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    follow_up = ids(50, 1) + results[0][0] + ids(5, 6)
-    again = scheduler.submit("a", follow_up, GenerationOptions(max_new_tokens=30))
-    results += [run(r) for r in [*others, again]]
-    assert again.reused_tokens == len(follow_up) - 6  # row 0's prefix: it was not recomputed
-    return results
 
 
 def test_scheduler_on_the_static_step_gives_the_eager_steps_greedy_tokens():

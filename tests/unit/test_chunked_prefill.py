@@ -20,9 +20,9 @@ from engines.serving.batching import BatchScheduler
 from engines.serving.batching_graph import BatchedGraphStep
 from engines.serving.mixed_step import Chunk, Packing, chunk_shapes, plan_chunks
 from models.weights import load_decoder
+from tests.helpers.batching import CAPACITY, ROWS, conversation, ids, tiny_decoder
 from tests.helpers.families import save_family
 from tests.helpers.graph_steps import record_packings
-from tests.unit.test_batched_graph_step_math import CAPACITY, ROWS, conversation, ids, tiny_decoder
 
 
 def test_chunk_shapes_fit_the_budget_and_a_burst_of_newcomers_completes_soonest():
