@@ -304,7 +304,9 @@ class _NoAsr:
 
     description = "none"
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+    def transcribe(
+        self, audio: np.ndarray, quick: bool = False, long_form: bool = False, partial: bool = False
+    ) -> TranscriptResult:
         """Never transcribes: there is no model.
 
         Raises:

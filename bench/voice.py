@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/virtu
 CONFIGS = {  # name -> 'assistant run' flags
     # The code before the turn-taking work (--before DIR: a checkout of it), same backend.
     "before": ["--backend", "onnxruntime"],
+    "before-partials": ["--backend", "onnxruntime", "--partials", "on"],  # the same, live transcript on
     "today": "--turn-detection off --no-speculation --partials off --first-chunk-words 0".split(),
     "new": [],  # partials auto: off on 2 cores
     "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
@@ -310,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-voice-"))
     piper = piper_command(args.piper_python)
     questions = [render(i, work, piper) for i in range(args.turns)]
-    if "before" in configs and args.before is None:
+    if any(c.startswith("before") for c in configs) and args.before is None:
         parser.error("the 'before' config needs --before DIR (e.g. git worktree add /tmp/before 08c68ef)")
     results = {
         c: run_config(
-            c, CONFIGS[c] + args.app_args, questions, env, work, args.before if c == "before" else None
+            c, CONFIGS[c] + args.app_args, questions, env, work, args.before if c.startswith("before") else None
         )
         for c in configs
     }

@@ -190,11 +190,16 @@ class Transcriber:
         self.transcribe(noise)
         return (time.monotonic_ns() - start_ns) / 1e6
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+    def transcribe(
+        self, audio: np.ndarray, quick: bool = False, long_form: bool = False, partial: bool = False
+    ) -> TranscriptResult:
         """Transcribe one utterance of 16 kHz mono float32 samples in [-1, 1].
 
         Audio shorter than 0.1 s returns an empty transcript without running the model.
-        ``quick`` decodes greedily (beam 1): for partial transcripts of speech in progress.
+        ``quick`` decodes greedily (beam 1). ``partial`` too, for the live transcript of speech
+        in progress, and a fitted-window decode that looks wrong gives no text instead of the
+        30 s window's: a partial of speech cut mid-word often looks wrong, and its 30 s pass
+        (~450 ms on 2 cores, against ~100) ran on into the pause where the turn's own ASR starts.
         Audio longer than Whisper's 30 s window is cut at quiet points into clips
         (:func:`quiet_clips`) decoded with timestamps, so nothing between windows is dropped;
         shorter audio takes the faster path without timestamps, unless ``long_form`` says it
@@ -212,15 +217,15 @@ class Transcriber:
             return TranscriptResult("", audio_ms, 0.0, self.options.language or "", 1.0)
         start_ns = time.monotonic_ns()
         long_form = long_form or samples.size > WINDOW_S * SAMPLE_RATE_HZ
-        beam_size = 1 if quick else self.options.beam_size
+        beam_size = 1 if quick or partial else self.options.beam_size
         fell_back = False
         if self.options.window == "fit" and not long_form and self.fit.frames(samples.size) < 3000:
             decode = decode_fit(
                 self.model, samples, beam_size, self.fit, self.options.language, self._encode(samples)
             )
             why = problem(decode)
-            if why is None:
-                text = "" if silent(decode) else decode.text
+            if why is None or partial:
+                text = "" if why is not None or silent(decode) else decode.text
                 asr_ms = (time.monotonic_ns() - start_ns) / 1e6
                 language = self.options.language or "en"
                 return TranscriptResult(text, audio_ms, asr_ms, language, decode.no_speech_prob, window="fit")

@@ -226,12 +226,15 @@ class TorchTranscriber:
         with torch.inference_mode():
             return self.search.phrase_logprobs(self.log_mel(samples), tokens)
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+    def transcribe(
+        self, audio: np.ndarray, quick: bool = False, long_form: bool = False, partial: bool = False
+    ) -> TranscriptResult:
         """Transcribe one utterance of 16 kHz mono float32 samples in [-1, 1].
 
-        As :meth:`assistant.stages.asr.Transcriber.transcribe`: ``quick`` decodes greedily, else a beam
-        of ``beam_size``. Audio longer than the 30 s window is cut at quiet points and each
-        clip decoded alone (``long_form`` cuts shorter audio the same way: one clip).
+        As :meth:`assistant.stages.asr.Transcriber.transcribe`: ``quick`` and ``partial`` decode
+        greedily (there is one window here, nothing to fall back to), else a beam of
+        ``beam_size``. Audio longer than the 30 s window is cut at quiet points and each clip
+        decoded alone (``long_form`` cuts shorter audio the same way: one clip).
         """
         samples = np.ascontiguousarray(audio, dtype=np.float32).squeeze()
         if samples.ndim > 1:
@@ -245,7 +248,7 @@ class TorchTranscriber:
         cuts = quiet_clips(samples)
         texts, no_speech = [], 0.0
         for begin, end in zip(cuts, cuts[1:], strict=False):
-            text, doubt = self._window(samples[begin:end], 1 if quick else self.options.beam_size)
+            text, doubt = self._window(samples[begin:end], 1 if quick or partial else self.options.beam_size)
             texts.append(text)
             no_speech = max(no_speech, doubt)
         asr_ms = (time.monotonic_ns() - start_ns) / 1e6

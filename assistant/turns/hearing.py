@@ -107,7 +107,7 @@ class Hearing:
         if not self.lock.acquire(blocking=False):
             return
         try:
-            result = self.transcriber.transcribe(audio, quick=True)
+            result = self.transcriber.transcribe(audio, partial=True)
         finally:
             self.lock.release()
         text = result.text.strip()

@@ -24,10 +24,14 @@ class Transcribes(Protocol):
 
     description: str
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+    def transcribe(
+        self, audio: np.ndarray, quick: bool = False, long_form: bool = False, partial: bool = False
+    ) -> TranscriptResult:
         """Transcribe 16 kHz mono float32 audio (its ``text`` and ``asr_ms`` are what turns read).
 
-        ``quick``: greedy, for partials; ``long_form``: a clip of longer speech (timestamps).
+        ``quick``: greedy (words over a reply); ``partial``: greedy and fast, for the live
+        transcript (no text rather than a slow second pass); ``long_form``: a clip of longer
+        speech (timestamps).
         """
         ...
 

@@ -2,7 +2,8 @@
 
 The fitted window must hear a handful of short questions as well as Whisper's 30 s window
 does, and a decode that looks wrong (a token bound too small for the speech, or a floor so
-short that tiny.en repeats itself) must fall back to the 30 s window and be counted.
+short that tiny.en repeats itself) must fall back to the 30 s window and be counted; a
+partial transcript's gives no text instead.
 """
 
 from __future__ import annotations
@@ -72,6 +73,21 @@ def test_a_token_bound_too_small_falls_back_to_the_full_window(models, questions
     assert r.fell_back and r.window == "full"
     assert fit.fallbacks == before + 1
     assert word_errors(text, r.text) == 0, r.text  # the whole question, from the 30 s window
+
+
+def test_a_partial_that_looks_wrong_gives_no_text_and_no_30_s_pass(models, questions):
+    """The live transcript's pass stays short: its fallback ran on into the pause (~450 ms)."""
+    _, fit = models
+    _, audio = questions[0]
+    before = fit.fallbacks
+    fit.fit = FitWindow(floor_s=10.0, tokens_per_s=0.0, tokens_slack=2)  # every decode hits its bound
+    try:
+        partial, judged = fit.transcribe(audio, partial=True), fit.transcribe(audio, quick=True)
+    finally:
+        fit.fit = FitWindow(floor_s=10.0)
+    assert partial.text == "" and partial.window == "fit" and not partial.fell_back
+    assert judged.fell_back and judged.text  # words over a reply still get the 30 s window
+    assert fit.fallbacks == before + 1  # the partial's was not counted
 
 
 def test_a_floor_that_makes_tiny_en_repeat_itself_falls_back(store, questions):

@@ -51,7 +51,9 @@ class ScriptedAsr:
     heard: list[tuple[int, bool, bool]] = field(default_factory=list)  # (samples, quick, long_form)
     gate: threading.Event | None = None  # when set, transcribing waits for it
 
-    def transcribe(self, audio: np.ndarray, quick: bool = False, long_form: bool = False) -> TranscriptResult:
+    def transcribe(
+        self, audio: np.ndarray, quick: bool = False, long_form: bool = False, partial: bool = False
+    ) -> TranscriptResult:
         if self.gate is not None:
             self.gate.wait(5)
         self.heard.append((audio.size, quick, long_form))
@@ -414,7 +416,7 @@ class DoubtfulTranscriber:
     def __init__(self, left_out: str) -> None:
         self.left_out = left_out
 
-    def transcribe(self, audio, quick=False, long_form=False) -> TranscriptResult:
+    def transcribe(self, audio, quick=False, long_form=False, partial=False) -> TranscriptResult:
         return TranscriptResult("", 1000.0, 5.0, "en", 0.1, left_out=self.left_out)
 
     def phrase_logprobs(self, audio, phrases):
@@ -439,7 +441,7 @@ class MishearingTranscriber:
         self.text, self.scores, self.no_speech = text, scores, no_speech
         self.scored: list[list[str]] = []
 
-    def transcribe(self, audio, quick=False, long_form=False) -> TranscriptResult:
+    def transcribe(self, audio, quick=False, long_form=False, partial=False) -> TranscriptResult:
         return TranscriptResult(self.text, 1000.0, 5.0, "en", self.no_speech)
 
     def phrase_logprobs(self, audio, phrases):
