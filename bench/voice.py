@@ -315,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the 'before' config needs --before DIR (e.g. git worktree add /tmp/before 08c68ef)")
     results = {
         c: run_config(
-            c, CONFIGS[c] + args.app_args, questions, env, work, args.before if c.startswith("before") else None
+            c,
+            CONFIGS[c] + args.app_args,
+            questions,
+            env,
+            work,
+            args.before if c.startswith("before") else None,
         )
         for c in configs
     }
