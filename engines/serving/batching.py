@@ -142,9 +142,7 @@ class BatchScheduler:
         self.decoded = 0  # sequences advanced, summed over the steps
         self.prefills = 0  # prefill forwards run (chunked: steps that carried prompt chunks)
         self.batch_sizes: deque[int] = deque(maxlen=HISTORY)  # sequences per decode step, latest
-        self.prefill_sizes: deque[int] = deque(
-            maxlen=HISTORY
-        )  # prompts per prefill forward (or step), latest
+        self.prefill_sizes: deque[int] = deque(maxlen=HISTORY)  # prompts a prefill forward or step, latest
         self.decode_ns = 0  # time in decode steps (host view, logits on the device)
         self.chunk_step_ns = 0  # chunked prefill: time in the steps that carried prompt chunks
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
@@ -201,7 +199,7 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self.lock:
-                while not self.closed and not self.waiting and not self.running:
+                while not (self.closed or self.waiting or self.running or self.prefilling):
                     self.lock.wait()
                 if self.closed:
                     break

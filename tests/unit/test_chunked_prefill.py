@@ -10,10 +10,12 @@ Small random models on the CPU; the CUDA-graph capture of these steps is tests/g
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
 
+from engines.base import GenerationOptions
 from engines.cuda_graph import GraphOptions
 from engines.serving.batched_step import BatchedTorchStep
 from engines.serving.batching import BatchScheduler
@@ -149,3 +151,16 @@ def test_the_graph_step_runs_the_smallest_shape_holding_the_chunks():
     assert ran == [Packing(4, 1, 64), Packing(0, 2, 128), Packing(2, 4, 64)]
     with pytest.raises(ValueError, match="fit no shape"):
         step.mixed([0], [1], [2], [Chunk(5, ids(129, 4), 0), Chunk(6, ids(3, 5), 0)])
+
+
+def test_a_prompt_longer_than_a_step_is_answered_when_nothing_else_runs():
+    """Its later chunks are the only work left: the scheduler must not sleep until the next request."""
+    scheduler = BatchScheduler(BatchedTorchStep(tiny_decoder(), ROWS, CAPACITY, 64), eos_token_ids=[])
+    try:
+        request = scheduler.submit("a", ids(90, 7), GenerationOptions(max_new_tokens=3))  # 64 + 26
+        done = threading.Event()
+        threading.Thread(target=lambda: (list(request.tokens()), done.set()), daemon=True).start()
+        assert done.wait(10), f"stuck after {scheduler.prefills} chunk steps"
+        assert request.generated_tokens == 3 and scheduler.prefills == 2
+    finally:
+        scheduler.close()
