@@ -86,5 +86,6 @@ def test_bench_serve_smoke_runs_both_servers_and_checks_the_replies(tmp_path):
         assert [r["sessions"] for r in rows] == [1, 4]
         assert all(r["requests"] == r["sessions"] * 2 and r["requests_per_s"] > 0 for r in rows)
         assert all(s["tokens"] == 8 for r in rows for s in r["samples"])  # the end token is off
+        assert all(0 < r["server_ttft_p99_ms"] <= r["ttft_p99_ms"] for r in rows)
     check = doc["results"][batched][0]["check"]
     assert check["identical_replies"] == check["replies"] == 4  # fp32: the wire carries the right ids
