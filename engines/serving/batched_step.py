@@ -35,8 +35,8 @@ class BatchedTorchStep:
         self.name = f"pytorch-{self.device.type} batched x{rows}"
         # A mixed step packs many sequences, so longrope (factors chosen by one sequence's
         # length) cannot run in one; such a model prefills between steps.
-        can_mix = all(getattr(r, "long_inv_freq", None) is None for r in model.rope.values())
-        self.chunk_shapes = chunk_shapes(prefill_chunk) if can_mix else []
+        longrope = model.config.rope_switch_tokens is not None
+        self.chunk_shapes = [] if longrope else chunk_shapes(prefill_chunk)
 
     def _rows(self, first: int, count: int) -> KVCache:
         k, v = self.cache.k, self.cache.v

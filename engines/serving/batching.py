@@ -235,11 +235,8 @@ class BatchScheduler:
             if sequence.cancelled.is_set():
                 self._finish(sequence, StopReason.CANCELLED)
                 continue
-            row, ids = self.rows[sequence.row], sequence.prompt_ids
-            reuse = min(common_prefix_len(row.cached_ids, ids), len(ids) - 1)
-            sequence.reused_tokens = reuse
-            row.cached_ids = ids[:reuse]
-            live.append((sequence, ids[reuse:], reuse))
+            reuse = self._reuse_prefix(sequence)
+            live.append((sequence, sequence.prompt_ids[reuse:], reuse))
         if not live:
             return
         self.prefills += 1
@@ -257,21 +254,28 @@ class BatchScheduler:
             return
         for (sequence, _, _), row_logits in zip(live, logits, strict=True):
             self.rows[sequence.row].cached_ids = list(sequence.prompt_ids)
-            sequence.sampler = Sampler(sequence.options)
-            sequence.context = list(sequence.prompt_ids)
-            self.running.append(sequence)
-            self._emit(sequence, self._choose(sequence, row_logits))
+            self._begin(sequence, row_logits)
+
+    def _reuse_prefix(self, sequence: BatchedRequest) -> int:
+        """Keep the row's cached prefix of ``sequence``'s prompt (all but its last token at most)."""
+        row, ids = self.rows[sequence.row], sequence.prompt_ids
+        sequence.reused_tokens = min(common_prefix_len(row.cached_ids, ids), len(ids) - 1)
+        row.cached_ids = ids[: sequence.reused_tokens]
+        return sequence.reused_tokens
+
+    def _begin(self, sequence: BatchedRequest, logits: torch.Tensor) -> None:
+        """The prompt is in the cache: ``sequence`` runs, its first token chosen from ``logits``."""
+        sequence.sampler = Sampler(sequence.options)
+        sequence.context = list(sequence.prompt_ids)
+        self.running.append(sequence)
+        self._emit(sequence, self._choose(sequence, logits))
 
     def _start_prompt(self, sequence: BatchedRequest) -> None:
         """Chunked prefill: the prompt after its cached prefix waits for room in the steps."""
         if sequence.cancelled.is_set():
             self._finish(sequence, StopReason.CANCELLED)
             return
-        row, ids = self.rows[sequence.row], sequence.prompt_ids
-        sequence.reused_tokens = sequence.prefilled = min(
-            common_prefix_len(row.cached_ids, ids), len(ids) - 1
-        )
-        row.cached_ids = ids[: sequence.prefilled]
+        sequence.prefilled = self._reuse_prefix(sequence)
         self.prefilling.append(sequence)
 
     def _mixed(self) -> None:
@@ -279,15 +283,15 @@ class BatchScheduler:
         for sequence in [*self.running, *self.prefilling]:
             if sequence.cancelled.is_set():
                 self._finish(sequence, StopReason.CANCELLED)
-        running, chunks = list(self.running), []
-        if self.prefilling:
-            remaining = [len(s.prompt_ids) - s.prefilled for s in self.prefilling]
-            _, lengths = plan_chunks(remaining, self.step.chunk_shapes)
-            for sequence, length in zip(self.prefilling, lengths, strict=False):
-                tokens = sequence.prompt_ids[sequence.prefilled : sequence.prefilled + length]
-                chunks.append((sequence, Chunk(sequence.row, tokens, sequence.prefilled)))
-        if not running and not chunks:
+        if not self.prefilling:  # the step's own decode (the eager one attends only the slots in use)
+            self._decode()
             return
+        running, chunks = list(self.running), []
+        remaining = [len(s.prompt_ids) - s.prefilled for s in self.prefilling]
+        _, lengths = plan_chunks(remaining, self.step.chunk_shapes)
+        for sequence, length in zip(self.prefilling, lengths, strict=False):
+            tokens = sequence.prompt_ids[sequence.prefilled : sequence.prefilled + length]
+            chunks.append((sequence, Chunk(sequence.row, tokens, sequence.prefilled)))
         rows = [s.row for s in running]
         positions = [len(self.rows[s.row].cached_ids) for s in running]
         start_ns = time.monotonic_ns()
@@ -307,14 +311,10 @@ class BatchScheduler:
             sequence.prefilled += len(chunk.tokens)
             if sequence.prefilled == len(sequence.prompt_ids):  # its last chunk: the first token
                 self.prefilling.remove(sequence)
-                sequence.sampler = Sampler(sequence.options)
-                sequence.context = list(sequence.prompt_ids)
-                self.running.append(sequence)
-                self._emit(sequence, self._choose(sequence, row_logits))
-        if chunks:
-            self.prefills += 1
-            self.prefill_sizes.append(len(chunks))
-            self.chunk_step_ns += time.monotonic_ns() - start_ns
+                self._begin(sequence, row_logits)
+        self.prefills += 1
+        self.prefill_sizes.append(len(chunks))
+        self.chunk_step_ns += time.monotonic_ns() - start_ns
 
     def _decode(self) -> None:
         running = [s for s in self.running if s.stop_reason is None]

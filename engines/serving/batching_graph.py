@@ -200,15 +200,13 @@ class BatchedGraphStep(BatchedTorchStep):
 
         Raises:
             ValueError: A row is repeated or out of range, a position is past the capacity, or the
-                chunks fit no shape.
+                chunks fit no shape (or there are none).
         """
-        if not chunks:
-            return self.decode(rows, token_ids, positions), self.mixed_logits[:0]
         if rows:
             self._check(rows, token_ids, positions)
-        widest = max(len(c.tokens) for c in chunks)
+        widest = max((len(c.tokens) for c in chunks), default=0)
         shape = next(((s, w) for s, w in self.chunk_shapes if s >= len(chunks) and w >= widest), None)
-        if shape is None:
+        if not chunks or shape is None:  # a step without chunks is a decode step: decode()
             raise ValueError(
                 f"chunks of {[len(c.tokens) for c in chunks]} tokens fit no shape of {self.chunk_shapes}"
             )
