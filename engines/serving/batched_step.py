@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engines.serving.mixed_step import Chunk, Packing, chunk_shapes, mixed_forward, pack
+from engines.serving.mixed_step import Chunk, ChunkShape, Packing, chunk_shapes, mixed_forward, pack
 from models.decoder import Decoder as DecoderModel
 from models.decoder import KVCache
 
@@ -111,9 +111,9 @@ class BatchedTorchStep:
         Returns fp32 logits: ``[len(rows), V]`` for the decoding rows and ``[len(chunks), V]``
         for each chunk's last token (the prompt's next-token logits when it is its last chunk).
         """
-        packing = Packing(
-            max(rows) + 1 if rows else 0, len(chunks), max((len(c.tokens) for c in chunks), default=0)
-        )
+        lengths = [len(c.tokens) for c in chunks]
+        shape = ChunkShape(sum(lengths), len(chunks), max(lengths, default=0))
+        packing = Packing(max(rows) + 1 if rows else 0, shape)
         packed = pack(packing, rows, token_ids, positions, chunks, self.capacity_tokens - 1).to(self.device)
         logits = mixed_forward(self.model, self.cache, packed, packing)
         return logits[list(rows)], logits[packing.n :]

@@ -18,8 +18,9 @@
 
 With ``prefill_chunk`` (chunked prefill, :mod:`engines.serving.mixed_step`), newcomers'
 prompts ride in the decode step: one more graph per decode bucket (and none) and chunk shape
-``(slots, width)``, e.g. 8 x 15 for 64 rows and 1024 tokens. Without it, prefill stays eager:
-the forward of ``BatchedTorchStep`` on the rows, between decode steps.
+(:func:`~engines.serving.mixed_step.chunk_shapes`), e.g. 8 x 15 for 64 rows and 1024 tokens.
+Without it, prefill stays eager: the forward of ``BatchedTorchStep`` on the rows, between
+decode steps.
 
 All graphs share one memory pool (they never run concurrently). With ``capture=False`` the
 same static steps run eagerly, off CUDA too: that is how CPU tests check everything but the
@@ -39,7 +40,7 @@ import torch
 
 from engines.cuda_graph import PRECISION, SLOT_ALIGN, GraphOptions, _Upload
 from engines.serving.batched_step import BatchedTorchStep
-from engines.serving.mixed_step import Chunk, Packing, mixed_forward, pack
+from engines.serving.mixed_step import INPUT_ROWS, Chunk, Packing, mixed_forward, pack
 from models.decoder import Decoder as DecoderModel
 from models.weights import load_decoder
 
@@ -88,10 +89,11 @@ class BatchedGraphStep(BatchedTorchStep):
         self.logits = torch.zeros(rows, model.config.vocab_size, dtype=torch.float32, device=self.device)
         self.decodes: dict[int, Callable[[], None]] = {n: partial(self._run, n) for n in self.buckets}
         # Mixed steps: every decode bucket (and none) with every chunk shape, one graph each.
-        self.packings = [Packing(n, *shape) for n in [0, *self.buckets] for shape in self.chunk_shapes]
-        widest = max((p.tokens for p in self.packings), default=1)
-        # Rows 0-3: ids, positions, rows, picks (mixed_step.pack); row 4: the logit rows to return.
-        self.mixed_inputs = _Upload((5, widest), self.device)
+        # Cheapest first: a step runs the first that holds its chunks.
+        self.packings = [Packing(n, shape) for n in [0, *self.buckets] for shape in self.chunk_shapes]
+        widest = max((p.columns for p in self.packings), default=1)
+        # mixed_step.pack's rows, then one more: the logit rows to return.
+        self.mixed_inputs = _Upload((INPUT_ROWS + 1, widest), self.device)
         picks = max((p.picks for p in self.packings), default=1)
         self.mixed_logits = torch.zeros(
             picks, model.config.vocab_size, dtype=torch.float32, device=self.device
@@ -118,7 +120,7 @@ class BatchedGraphStep(BatchedTorchStep):
 
     def _run_mixed(self, packing: Packing) -> None:
         """The static mixed step of ``packing`` (:func:`~engines.serving.mixed_step.mixed_forward`)."""
-        logits = mixed_forward(self.model, self.cache, self.mixed_inputs.tensor[:4], packing)
+        logits = mixed_forward(self.model, self.cache, self.mixed_inputs.tensor[:INPUT_ROWS], packing)
         self.mixed_logits[: packing.picks].copy_(logits)
 
     @torch.inference_mode()
@@ -131,11 +133,11 @@ class BatchedGraphStep(BatchedTorchStep):
         if self.packings:  # warm-ups and captures write only filler slots
             mixed = self.mixed_inputs.claim()
             mixed[:] = 0
-            mixed[1] = self.filler_position
+            mixed[1] = mixed[6] = self.filler_position
             self.mixed_inputs.send()
         steps: list[tuple[Callable[[], None], Callable[[Callable[[], None]], None]]] = [
             (partial(self._run_mixed, p), partial(self.mixeds.__setitem__, p))
-            for p in sorted(self.packings, key=lambda p: -p.tokens)
+            for p in sorted(self.packings, key=lambda p: -(p.tokens + p.shape.slots * p.shape.width))
         ]
         steps += [
             (partial(self._run, n), partial(self.decodes.__setitem__, n)) for n in reversed(self.buckets)
@@ -204,22 +206,23 @@ class BatchedGraphStep(BatchedTorchStep):
         """
         if rows:
             self._check(rows, token_ids, positions)
-        widest = max((len(c.tokens) for c in chunks), default=0)
-        shape = next(((s, w) for s, w in self.chunk_shapes if s >= len(chunks) and w >= widest), None)
-        if not chunks or shape is None:  # a step without chunks is a decode step: decode()
+        n = self.bucket_for(max(rows)) if rows else 0
+        packing = next((p for p in self.packings if p.n == n and p.holds(chunks)), None)
+        if not chunks or packing is None:  # a step without chunks is a decode step: decode()
             raise ValueError(
                 f"chunks of {[len(c.tokens) for c in chunks]} tokens fit no shape of {self.chunk_shapes}"
             )
-        packing = Packing(self.bucket_for(max(rows)) if rows else 0, *shape)
         host = self.mixed_inputs.claim()
-        host[:4, : packing.tokens] = pack(
+        host[:INPUT_ROWS, : packing.columns] = pack(
             packing, rows, token_ids, positions, chunks, self.filler_position
         ).numpy()
-        host[4, : len(rows)] = rows
-        host[4, len(rows) : len(rows) + len(chunks)] = range(packing.n, packing.n + len(chunks))
+        host[INPUT_ROWS, : len(rows)] = rows
+        host[INPUT_ROWS, len(rows) : len(rows) + len(chunks)] = range(packing.n, packing.n + len(chunks))
         self.mixed_inputs.send()
         self.mixeds[packing]()
-        picked = self.mixed_logits.index_select(0, self.mixed_inputs.tensor[4, : len(rows) + len(chunks)])
+        picked = self.mixed_logits.index_select(
+            0, self.mixed_inputs.tensor[INPUT_ROWS, : len(rows) + len(chunks)]
+        )
         return picked[: len(rows)], picked[len(rows) :]
 
 

@@ -229,7 +229,7 @@ def test_eight_concurrent_sequences_on_batched_graphs_get_their_batch1_greedy_to
         scheduler.close()
     assert {1, 4, 8} <= set(ran)
     if prefill_chunk:  # all eight prompts start in the first step; the long ones finish beside running rows
-        assert mixed[0].n == 0 and mixed[0].slots == 8 and any(p.n for p in mixed)
+        assert mixed[0].n == 0 and mixed[0].shape.slots == 8 and any(p.n for p in mixed)
     else:
         assert not mixed
     for driver in (gpu(small_dir, "fp32", "on"), gpu(small_dir, "fp32", "off")):

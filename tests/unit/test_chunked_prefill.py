@@ -20,7 +20,7 @@ from engines.cuda_graph import GraphOptions
 from engines.serving.batched_step import BatchedTorchStep
 from engines.serving.batching import BatchScheduler
 from engines.serving.batching_graph import BatchedGraphStep
-from engines.serving.mixed_step import Chunk, Packing, chunk_shapes, plan_chunks
+from engines.serving.mixed_step import Chunk, ChunkShape, Packing, chunk_shapes, plan_chunks
 from models.weights import load_decoder
 from tests.helpers.batching import CAPACITY, ROWS, conversation, ids, tiny_decoder
 from tests.helpers.families import save_family
@@ -29,16 +29,21 @@ from tests.helpers.graph_steps import record_packings
 
 def test_chunk_shapes_fit_the_budget_and_a_burst_of_newcomers_completes_soonest():
     assert chunk_shapes(0) == []
-    assert chunk_shapes(40) == [(1, 40), (2, 20), (4, 10), (8, 5)]
+    assert [(s.size, s.slots, s.width) for s in chunk_shapes(40)] == [
+        (40, 1, 40), (40, 2, 25), (40, 4, 13), (40, 8, 7), (40, 16, 4)
+    ]
     shapes = chunk_shapes(1024)
-    assert shapes[:5] == [(1, 64), (2, 32), (4, 16), (8, 8), (16, 4)]
-    assert shapes[10:] == [(1, 1024), (2, 512), (4, 256), (8, 128), (16, 64)]
-    assert plan_chunks([20], shapes) == ((1, 64), [20])  # the smallest among equals
-    assert plan_chunks([700], shapes) == ((1, 1024), [700])
-    assert plan_chunks([128] * 20, shapes) == ((8, 128), [128] * 8)  # eight first tokens at once
-    assert plan_chunks([129] * 20, shapes) == ((4, 256), [129] * 4)  # 8 x 128 would complete none
-    assert plan_chunks([3000, 20, 20], shapes) == ((4, 256), [256, 20, 20])  # the long one advances too
-    assert plan_chunks([3000], shapes) == ((1, 1024), [1024])
+    assert [(s.size, s.slots, s.width) for s in shapes[10:]] == [
+        (1024, 1, 1024), (1024, 2, 640), (1024, 4, 320), (1024, 8, 160), (1024, 16, 80)
+    ]
+    assert plan_chunks([20], shapes) == (ChunkShape(64, 1, 64), [20])  # the smallest among equals
+    assert plan_chunks([700], shapes) == (ChunkShape(1024, 1, 1024), [700])
+    assert plan_chunks([128] * 20, shapes) == (ChunkShape(1024, 8, 160), [128] * 8)  # 8 first tokens at once
+    # No pads between chunks: seven 129-token prompts complete and the eighth starts (with a
+    # slot per 256 tokens, 4 would complete and half the step would be pads).
+    assert plan_chunks([129] * 20, shapes) == (ChunkShape(1024, 8, 160), [129] * 7 + [121])
+    assert plan_chunks([3000, 20, 20], shapes) == (ChunkShape(1024, 4, 320), [320, 20, 20])  # long ones too
+    assert plan_chunks([3000], shapes) == (ChunkShape(1024, 1, 1024), [1024])
     with pytest.raises(ValueError, match="chunked prefill is off"):
         plan_chunks([5], [])
 
@@ -148,9 +153,33 @@ def test_the_graph_step_runs_the_smallest_shape_holding_the_chunks():
     step.mixed([0, 2], [1, 2], [0, 0], [Chunk(5, ids(20, 0), 0)])
     step.mixed([], [], [], [Chunk(5, ids(40, 1), 20), Chunk(6, ids(3, 2), 0)])
     step.mixed([1], [3], [1], [Chunk(r, ids(30, r), 0) for r in (5, 6, 7)])
-    assert ran == [Packing(4, 1, 64), Packing(0, 2, 128), Packing(2, 4, 64)]
+    assert ran == [
+        Packing(4, ChunkShape(64, 1, 64)),
+        Packing(0, ChunkShape(64, 2, 40)),  # 43 tokens packed back to back
+        Packing(2, ChunkShape(256, 4, 80)),  # 90 tokens: over 64
+    ]
     with pytest.raises(ValueError, match="fit no shape"):
-        step.mixed([0], [1], [2], [Chunk(5, ids(129, 4), 0), Chunk(6, ids(3, 5), 0)])
+        step.mixed([0], [1], [2], [Chunk(5, ids(200, 4), 0), Chunk(6, ids(100, 5), 0)])
+
+
+def test_the_static_step_with_pads_gives_the_eager_steps_logits():
+    """The graph step's bucketed shape (pads after the chunks, empty slots) against exact sizes."""
+    model = tiny_decoder()
+    eager = BatchedTorchStep(copy.deepcopy(model), ROWS, CAPACITY, 256)
+    static = BatchedGraphStep(model, ROWS, CAPACITY, GraphOptions(capture=False), prefill_chunk=256)
+    for step in (eager, static):
+        step.prefill(0, ids(9, 0), 0)
+    plans = [
+        [Chunk(3, ids(50, 3)[:37], 0), Chunk(5, ids(11, 5), 0)],  # 48 tokens: a 64-token step, 2 slots
+        [Chunk(3, ids(50, 3)[37:], 37), Chunk(6, ids(70, 6), 0), Chunk(7, ids(2, 7), 0)],  # 85: 256, 4 slots
+    ]
+    for i, chunks in enumerate(plans):
+        got = [step.mixed([0], [4 + i], [9 + i], chunks) for step in (eager, static)]
+        for mine, theirs in zip(got[1], got[0], strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    for mine, theirs in ((static.cache.k, eager.cache.k), (static.cache.v, eager.cache.v)):
+        assert isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
+        torch.testing.assert_close(mine[:, :, :, :95], theirs[:, :, :, :95], rtol=1e-4, atol=1e-4)
 
 
 def test_a_prompt_longer_than_a_step_is_answered_when_nothing_else_runs():
