@@ -209,7 +209,7 @@ class Context:
 
 
 def _ours(
-    dtype: str, cuda_graph: str, compile: bool = False, kernels: bool = False
+    dtype: str, cuda_graph: str, compile: bool = False, kernels: bool = False, tune: bool = False
 ) -> Callable[[Context], Runner]:
     def build(ctx: Context) -> Runner:
         options = TorchBackendOptions(
@@ -220,6 +220,7 @@ def _ours(
             cuda_graph=cuda_graph,
             compile=compile,
             decode_kernels=kernels,
+            tune_kernels=tune,
         )
         return DriverRunner(load_torch_decoder(ctx.model_dir, ctx.tokenizer, options))
 
@@ -283,6 +284,11 @@ BACKENDS: dict[str, Backend] = {
     "graph-compile-fp16": Backend("ours, CUDA graphs + torch.compile fp16", True, _ours("fp16", "on", True)),
     "graph-kernels-fp16": Backend(
         "ours, CUDA graphs fp16, Triton decode kernels", True, _ours("fp16", "on", kernels=True)
+    ),
+    "graph-kernels-tuned-fp16": Backend(
+        "ours, CUDA graphs fp16, Triton decode kernels, tiles autotuned",
+        True,
+        _ours("fp16", "on", kernels=True, tune=True),
     ),
     "graph-kernels-compile-fp16": Backend(
         "ours, CUDA graphs fp16, Triton decode kernels, compiled prefill",

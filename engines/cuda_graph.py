@@ -65,6 +65,8 @@ class GraphOptions:
     Inductor caches them on disk).
     ``decode_kernels``: decode with :class:`~engines.fused_decode.FusedDecode` (five Triton
     kernels a layer) instead of the model's forward; ``compile`` then compiles prefill only.
+    ``tune_kernels``: with ``decode_kernels``, time :data:`~engines.decode_kernels.TUNED_TILES`
+    per product shape before capture and keep the fastest (Triton's autotuner).
     """
 
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
@@ -72,6 +74,7 @@ class GraphOptions:
     capture: bool = True
     compile: bool = False
     decode_kernels: bool = False
+    tune_kernels: bool = False
 
 
 class _Upload:
@@ -206,7 +209,11 @@ class CudaGraphStep:
         self.ahead: _Ahead | None = None
         self.graphs: list[torch.cuda.CUDAGraph] = []
         # Raises ValueError for a family the kernels do not cover (the message names it).
-        self.fused = FusedDecode(model, self.cache, logits=self.logits) if options.decode_kernels else None
+        self.fused = (
+            FusedDecode(model, self.cache, logits=self.logits, tune=options.tune_kernels)
+            if options.decode_kernels
+            else None
+        )
         kind = "cuda-graph" if options.capture else "static"
         variant = f"{kind}+compile" if options.compile else kind
         if self.fused is not None:

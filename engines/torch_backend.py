@@ -56,6 +56,7 @@ class TorchBackendOptions:
     prefill_buckets: tuple[int, ...] = GraphOptions.prefill_buckets
     decode_windows: tuple[int, ...] = GraphOptions.decode_windows
     decode_kernels: bool = False
+    tune_kernels: bool = False  # with decode_kernels: time tiles per product at start (GraphOptions)
 
 
 def resolve_device(options: TorchBackendOptions) -> tuple[torch.device, torch.dtype]:
@@ -179,6 +180,7 @@ def load_torch_decoder(
             capture=True,
             compile=options.compile,
             decode_kernels=options.decode_kernels,
+            tune_kernels=options.tune_kernels,
         )
         step = CudaGraphStep(model, capacity, graph_options)
     else:

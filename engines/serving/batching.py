@@ -19,101 +19,21 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from engines.base import GenerationOptions, StopReason
-from engines.driver import common_prefix_len
 from engines.sampling import Sampler
 from engines.serving.batched_step import BatchedTorchStep
-from engines.serving.mixed_step import Chunk, plan_chunks
+from engines.serving.prompt_steps import PromptSteps
+from engines.serving.sequences import BatchedRequest, RequestError, Row, StepCounts, place_session
 
-HISTORY = 4096  # per-step batch sizes kept
 PREFILL_GROUP = 16  # newcomers prefilled in one forward (left-padded to the longest)
 
 
-class RequestError(ValueError):
-    """A request the scheduler refuses (empty prompt, prompt too long); the message says why."""
-
-
-@dataclass
-class BatchedRequest:
-    """One generation in the batch; iterate :meth:`tokens` for ``(token_id, t_ns)`` pairs.
-
-    ``stop_reason`` and the counts are final once the iteration ends.
-    """
-
-    session: str
-    prompt_ids: list[int]
-    options: GenerationOptions
-    t_submit_ns: int = field(default_factory=time.monotonic_ns)
-    reused_tokens: int = 0
-    generated_tokens: int = 0
-    stop_reason: StopReason | None = None
-    error: str = ""
-    row: int = -1
-    sampler: Sampler | None = None
-    context: list[int] = field(default_factory=list)
-    last_token: int = -1
-    prefilled: int = 0  # chunked prefill: prompt tokens in the row's cache so far
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    out: queue.Queue[tuple[int, int] | None] = field(default_factory=queue.Queue)
-    tag: Any = None  # the submitter's own (the server's stream of this request)
-
-    def cancel(self) -> None:
-        """Stop generating (the client left or has what it needs); the row is freed at the next step."""
-        self.cancelled.set()
-
-    def tokens(self) -> Iterator[tuple[int, int]]:
-        """Yield each chosen ``(token_id, t_ns)``; lazy, blocks until the scheduler produces them.
-
-        Raises:
-            RequestError: The scheduler failed this sequence (``error`` says why).
-        """
-        while (item := self.out.get()) is not None:
-            yield item
-        if self.error:
-            raise RequestError(self.error)
-
-
-@dataclass
-class _Row:
-    session: str = ""
-    cached_ids: list[int] = field(default_factory=list)
-    busy: bool = False
-    last_used_ns: int = 0
-
-
-def place_session(rows: list[_Row], session: str, swap_rows: Callable[[int, int, int], None]) -> int | None:
-    """The lowest free row, holding ``session``'s cached prefix if it has one; None when all are busy.
-
-    Decode steps run over rows ``0..highest running``, so running sequences are kept low:
-    the session's own row (or, for a new session, an empty row, else the one idle the
-    longest, whose prefix is dropped) is swapped into the lowest free row, its cached
-    keys with it; the idle session that sat there keeps its prefix in the other row.
-    """
-    free = [i for i, r in enumerate(rows) if not r.busy]
-    if not free:
-        return None
-    lowest = free[0]
-    own = next((i for i in free if session and rows[i].session == session), None)
-    if own is None:
-        empty = [i for i in free if not rows[i].session]
-        own = empty[0] if empty else min(free, key=lambda i: rows[i].last_used_ns)
-        rows[own] = _Row(session=session)
-    if own != lowest:
-        slots = max(len(rows[own].cached_ids), len(rows[lowest].cached_ids))
-        if slots:
-            swap_rows(own, lowest, slots)
-        rows[own], rows[lowest] = rows[lowest], rows[own]
-    return lowest
-
-
-class BatchScheduler:
+class BatchScheduler(PromptSteps):
     """Owns the step and one thread that runs it: submit from any thread, read tokens as they come.
 
     ``close()`` stops the thread and ends every running sequence as cancelled. With an
@@ -131,20 +51,13 @@ class BatchScheduler:
         self.outbox = outbox
         self.eos_token_ids = frozenset(eos_token_ids)
         self.capacity_tokens = step.capacity_tokens
-        self.rows = [_Row() for _ in range(step.rows)]
+        self.rows = [Row() for _ in range(step.rows)]
         self.waiting: list[BatchedRequest] = []
         self.running: list[BatchedRequest] = []
         self.prefilling: list[BatchedRequest] = []  # chunked prefill: prompts partly in the cache
         self.lock = threading.Condition()
         self.closed = False
-        # Counts for the log and tests; the per-step history is bounded (a server runs for days).
-        self.steps = 0  # decode steps run
-        self.decoded = 0  # sequences advanced, summed over the steps
-        self.prefills = 0  # prefill forwards run (chunked: steps that carried prompt chunks)
-        self.batch_sizes: deque[int] = deque(maxlen=HISTORY)  # sequences per decode step, latest
-        self.prefill_sizes: deque[int] = deque(maxlen=HISTORY)  # prompts a prefill forward or step, latest
-        self.decode_ns = 0  # time in decode steps (host view, logits on the device)
-        self.chunk_step_ns = 0  # chunked prefill: time in the steps that carried prompt chunks
+        self.counts = StepCounts()
         self.thread = threading.Thread(target=self._loop, name="batch-scheduler", daemon=True)
         self.thread.start()
 
@@ -178,16 +91,7 @@ class BatchScheduler:
 
     def summary(self) -> str:
         """Decode steps, their mean time and batch size, prefill forwards (for the server's log)."""
-        steps = max(self.steps, 1)
-        mean_batch = self.decoded / steps
-        prefills = f"{self.prefills} prefill forwards"
-        if self.step.chunk_shapes:
-            each = self.chunk_step_ns / 1e6 / max(self.prefills, 1)
-            prefills = f"{self.prefills} steps with prompt chunks, {each:.1f} ms each"
-        return (
-            f"{self.steps} decode steps, {self.decode_ns / 1e6 / steps:.1f} ms and {mean_batch:.1f} "
-            f"sequences each; {prefills}"
-        )
+        return self.counts.summary(bool(self.step.chunk_shapes))
 
     def close(self) -> None:
         """Stop the thread; running and waiting sequences end as cancelled."""
@@ -228,93 +132,12 @@ class BatchScheduler:
             joining.append(sequence)
         return joining
 
-    def _prefill(self, joining: list[BatchedRequest]) -> None:
-        """Prefill newcomers after their cached prefix: one forward for all (one alone: batch-1)."""
-        live: list[tuple[BatchedRequest, list[int], int]] = []
-        for sequence in joining:
-            if sequence.cancelled.is_set():
-                self._finish(sequence, StopReason.CANCELLED)
-                continue
-            reuse = self._reuse_prefix(sequence)
-            live.append((sequence, sequence.prompt_ids[reuse:], reuse))
-        if not live:
-            return
-        self.prefills += 1
-        self.prefill_sizes.append(len(live))
-        try:
-            if len(live) == 1:
-                sequence, tokens, start = live[0]
-                logits = self.step.prefill(sequence.row, tokens, start)[None]
-            else:
-                rows, token_lists, starts = zip(*((s.row, t, p) for s, t, p in live), strict=True)
-                logits = self.step.prefill_many(rows, token_lists, starts)
-        except Exception as e:  # a failed forward ends these requests, not the server
-            for sequence, _, _ in live:
-                self._finish(sequence, None, f"prefill failed: {e}")
-            return
-        for (sequence, _, _), row_logits in zip(live, logits, strict=True):
-            self.rows[sequence.row].cached_ids = list(sequence.prompt_ids)
-            self._begin(sequence, row_logits)
-
-    def _reuse_prefix(self, sequence: BatchedRequest) -> int:
-        """Keep the row's cached prefix of ``sequence``'s prompt (all but its last token at most)."""
-        row, ids = self.rows[sequence.row], sequence.prompt_ids
-        sequence.reused_tokens = min(common_prefix_len(row.cached_ids, ids), len(ids) - 1)
-        row.cached_ids = ids[: sequence.reused_tokens]
-        return sequence.reused_tokens
-
     def _begin(self, sequence: BatchedRequest, logits: torch.Tensor) -> None:
         """The prompt is in the cache: ``sequence`` runs, its first token chosen from ``logits``."""
         sequence.sampler = Sampler(sequence.options)
         sequence.context = list(sequence.prompt_ids)
         self.running.append(sequence)
         self._emit(sequence, self._choose(sequence, logits))
-
-    def _start_prompt(self, sequence: BatchedRequest) -> None:
-        """Chunked prefill: the prompt after its cached prefix waits for room in the steps."""
-        if sequence.cancelled.is_set():
-            self._finish(sequence, StopReason.CANCELLED)
-            return
-        sequence.prefilled = self._reuse_prefix(sequence)
-        self.prefilling.append(sequence)
-
-    def _mixed(self) -> None:
-        """One step: every running sequence's next token and the next chunks of waiting prompts."""
-        for sequence in [*self.running, *self.prefilling]:
-            if sequence.cancelled.is_set():
-                self._finish(sequence, StopReason.CANCELLED)
-        if not self.prefilling:  # the step's own decode (the eager one attends only the slots in use)
-            self._decode()
-            return
-        running, chunks = list(self.running), []
-        remaining = [len(s.prompt_ids) - s.prefilled for s in self.prefilling]
-        _, lengths = plan_chunks(remaining, self.step.chunk_shapes)
-        for sequence, length in zip(self.prefilling, lengths, strict=False):
-            tokens = sequence.prompt_ids[sequence.prefilled : sequence.prefilled + length]
-            chunks.append((sequence, Chunk(sequence.row, tokens, sequence.prefilled)))
-        rows = [s.row for s in running]
-        positions = [len(self.rows[s.row].cached_ids) for s in running]
-        start_ns = time.monotonic_ns()
-        try:
-            logits, last_logits = self.step.mixed(
-                rows, [s.last_token for s in running], positions, [c for _, c in chunks]
-            )
-        except Exception as e:  # a failed forward ends these requests, not the server
-            for sequence in [*running, *(s for s, _ in chunks)]:
-                self._finish(sequence, None, f"step failed: {e}")
-            return
-        step_ns = time.monotonic_ns() - start_ns  # the logits' host copy below waits for the device
-        if running:
-            self._advance(running, logits, step_ns)
-        for (sequence, chunk), row_logits in zip(chunks, last_logits, strict=True):
-            self.rows[sequence.row].cached_ids.extend(chunk.tokens)
-            sequence.prefilled += len(chunk.tokens)
-            if sequence.prefilled == len(sequence.prompt_ids):  # its last chunk: the first token
-                self.prefilling.remove(sequence)
-                self._begin(sequence, row_logits)
-        self.prefills += 1
-        self.prefill_sizes.append(len(chunks))
-        self.chunk_step_ns += time.monotonic_ns() - start_ns
 
     def _decode(self) -> None:
         running = [s for s in self.running if s.stop_reason is None]
@@ -337,10 +160,7 @@ class BatchScheduler:
 
     def _advance(self, running: list[BatchedRequest], logits: torch.Tensor, step_ns: int) -> None:
         """Count a decode step and emit each running sequence's next token from its ``logits`` row."""
-        self.steps += 1
-        self.decode_ns += step_ns
-        self.decoded += len(running)
-        self.batch_sizes.append(len(running))
+        self.counts.decode_step(len(running), step_ns)
         greedy = self._greedy_ids(running, logits)
         for i, sequence in enumerate(running):
             self.rows[sequence.row].cached_ids.append(sequence.last_token)

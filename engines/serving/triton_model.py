@@ -27,8 +27,9 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils  # ty: ignore  (only inside Triton's stub)
 
-from engines.serving.batching import BatchedRequest, BatchScheduler, RequestError
+from engines.serving.batching import BatchScheduler
 from engines.serving.batching_graph import load_batched_step
+from engines.serving.sequences import BatchedRequest, RequestError
 from engines.serving.wire import (
     OPTIONS,
     PROMPT_IDS,

@@ -224,7 +224,7 @@ def test_eight_concurrent_sequences_on_batched_graphs_get_their_batch1_greedy_to
             for i, (p, n) in enumerate(zip(prompts, new_tokens, strict=True))
         ]
         got = [[t for t, _ in r.tokens()] for r in requests]
-        assert max(scheduler.batch_sizes) == 8
+        assert max(scheduler.counts.batch_sizes) == 8
     finally:
         scheduler.close()
     assert {1, 4, 8} <= set(ran)

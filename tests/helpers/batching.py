@@ -53,8 +53,8 @@ def conversation(scheduler: BatchScheduler) -> list[tuple[list[int], str]]:
     ]
     results = [run(first)]
     # Row 0 now idles, holding a's prefix, while b-e decode with it as a filler row.
-    steps_then, deadline = scheduler.steps, time.monotonic() + 10
-    while scheduler.steps < steps_then + 3 and time.monotonic() < deadline:
+    steps_then, deadline = scheduler.counts.steps, time.monotonic() + 10
+    while scheduler.counts.steps < steps_then + 3 and time.monotonic() < deadline:
         time.sleep(0.001)
     follow_up = ids(50, 1) + results[0][0] + ids(5, 6)
     again = scheduler.submit("a", follow_up, GenerationOptions(max_new_tokens=30))

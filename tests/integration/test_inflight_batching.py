@@ -15,7 +15,8 @@ import torch
 from bench.corpus import BATCH_QUESTIONS as QUESTIONS
 from engines.base import GenerationOptions, StopReason
 from engines.serving.batched_step import BatchedTorchStep
-from engines.serving.batching import BatchScheduler, RequestError
+from engines.serving.batching import BatchScheduler
+from engines.serving.sequences import RequestError
 from models.config import DecoderConfig
 from models.decoder import Decoder, KVCache
 from models.weights import load_decoder
@@ -88,13 +89,13 @@ def reply_ids(request, eos) -> list[int]:
 def test_concurrent_sessions_get_their_batch1_replies(scheduler, alone, tokenizer, sessions) -> None:
     prompts = [prompt(tokenizer, q) for q in QUESTIONS[:sessions]]
     expected = [alone(p) for p in prompts]
-    steps = scheduler.steps
+    steps = scheduler.counts.steps
     requests = [scheduler.submit(f"same-{sessions}-{i}", p, GREEDY) for i, p in enumerate(prompts)]
     got = [reply_ids(r, scheduler.eos_token_ids) for r in requests]
     assert got == expected
-    since = list(scheduler.batch_sizes)[steps - scheduler.steps :]  # this test's decode steps
+    since = list(scheduler.counts.batch_sizes)[steps - scheduler.counts.steps :]  # this test's decode steps
     assert max(since) == sessions  # they really shared decode steps
-    assert max(scheduler.prefill_sizes) > 1  # and newcomers shared a prefill
+    assert max(scheduler.counts.prefill_sizes) > 1  # and newcomers shared a prefill
     assert scheduler.busy_rows() == 0
 
 
@@ -156,7 +157,7 @@ def test_more_sessions_than_rows_wait_for_a_row_and_stay_exact(model_dir, alone,
         requests = [small.submit(f"wait-{i}", p, short) for i, p in enumerate(prompts)]
         got = [reply_ids(r, small.eos_token_ids) for r in requests]
         assert got == [alone(p, short)[:8] for p in prompts]
-        assert max(small.batch_sizes) == 2
+        assert max(small.counts.batch_sizes) == 2
     finally:
         small.close()
 

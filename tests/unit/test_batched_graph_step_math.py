@@ -90,7 +90,7 @@ def test_scheduler_on_the_static_step_gives_the_eager_steps_greedy_tokens():
         scheduler = BatchScheduler(step, eos_token_ids=[])
         try:
             runs.append(conversation(scheduler))
-            assert max(scheduler.batch_sizes) >= 4  # they shared decode steps
+            assert max(scheduler.counts.batch_sizes) >= 4  # they shared decode steps
         finally:
             scheduler.close()
     assert runs[1] == runs[0]

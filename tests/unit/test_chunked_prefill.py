@@ -189,7 +189,7 @@ def test_a_prompt_longer_than_a_step_is_answered_when_nothing_else_runs():
         request = scheduler.submit("a", ids(90, 7), GenerationOptions(max_new_tokens=3))  # 64 + 26
         done = threading.Event()
         threading.Thread(target=lambda: (list(request.tokens()), done.set()), daemon=True).start()
-        assert done.wait(10), f"stuck after {scheduler.prefills} chunk steps"
-        assert request.generated_tokens == 3 and scheduler.prefills == 2
+        assert done.wait(10), f"stuck after {scheduler.counts.prefills} chunk steps"
+        assert request.generated_tokens == 3 and scheduler.counts.prefills == 2
     finally:
         scheduler.close()
