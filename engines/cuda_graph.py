@@ -217,7 +217,7 @@ class CudaGraphStep:
         kind = "cuda-graph" if options.capture else "static"
         variant = f"{kind}+compile" if options.compile else kind
         if self.fused is not None:
-            variant += f"+{self.fused.backend}-decode"
+            variant += f"+{self.fused.backend}-decode" + ("-tuned" if options.tune_kernels else "")
         self.identity = BackendIdentity(Backend.PYTORCH, self.device.type, PRECISION[self.dtype], variant)
         self.name = self.identity.describe()
         prefill: Compute = self._prefill_compute

@@ -73,7 +73,7 @@ def test_kernel_decode_greedy_tokens_are_identical_to_eager_fp32(model_dir, tune
     # cross the 256- and 1024-slot windows (1, 4, 8 attention splits per KV head). Autotuned:
     # the tuner's trial runs add into the residual stream and must leave it as it was.
     eager, kernels = gpu(model_dir, "fp32", "off"), gpu(model_dir, "fp32", kernels=True, tune=tune)
-    assert kernels.name == "pytorch-cuda fp32 cuda-graph+triton-decode"
+    assert kernels.name == "pytorch-cuda fp32 cuda-graph+triton-decode" + ("-tuned" if tune else "")
     for n in (5, 128, 230, 700, 1000):
         prompt = np.random.default_rng(n).integers(0, 49152, n).tolist()
         assert greedy(kernels, prompt) == greedy(eager, prompt), f"{n}-token prompt"
