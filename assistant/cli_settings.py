@@ -236,7 +236,7 @@ def settings_flags(parser: argparse.ArgumentParser, command: str = "assistant") 
         "--partials",
         dest="turn.partials",
         choices=["auto", "on", "off"],
-        help="live transcript while you speak (auto: on unless ASR runs on 2 CPU cores or fewer)",
+        help="live transcript while you speak (auto: on with a CUDA ASR or 2 CPU cores or more)",
     )
     add(
         VOICE,

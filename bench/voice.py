@@ -44,8 +44,9 @@ CONFIGS = {  # name -> 'assistant run' flags
     "before": ["--backend", "onnxruntime"],
     "before-partials": ["--backend", "onnxruntime", "--partials", "on"],  # the same, live transcript on
     "today": "--turn-detection off --no-speculation --partials off --first-chunk-words 0".split(),
-    "new": [],  # partials auto: off on 2 cores
-    "new-partials": ["--partials", "on"],  # what the live transcript costs on 2 cores
+    "new": [],  # partials auto: on from 2 cores (off before 2026-12-06)
+    "new-partials": ["--partials", "on"],  # the live transcript on, whatever auto says
+    "new-no-partials": ["--partials", "off"],  # what the live transcript costs, against "new"
     "new-3words": ["--first-chunk-words", "3"],  # the first chunk at 3 words instead of 5
     "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }

@@ -63,9 +63,9 @@ class TurnOptions:
     confirmed, and speech that comes back discards the work.
     ``partials``: re-transcribe the utterance in progress every ``partial_interval_ms`` for
     the live transcript: ``on``, ``off``, or ``auto``: on where ASR has room (a CUDA ASR
-    device, or more than 2 cores). With Whisper's 30 s window on 2 CPU cores a partial in
-    flight when the user stops delayed the answer (+350 ms median voice-to-voice,
-    docs/benchmarks.md); not measured again since ``[asr] window = "fit"``.
+    device, or 2 cores or more). With the fitted window and partials bounded to it, they no
+    longer delay the answer on 2 CPU cores (docs/benchmarks.md); with Whisper's 30 s window
+    they did (+350 ms median voice-to-voice).
     ``continuation_ms``: in full duplex, words spoken over a reply that begin this soon after
     its first audio are the rest of the question: the reply is dropped and the question
     answered whole (docs/voice.md, "Full duplex").

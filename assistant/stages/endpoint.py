@@ -114,7 +114,7 @@ def with_partials_resolved(turn: TurnOptions, asr_device: str) -> TurnOptions:
     if turn.partials != "auto":
         return turn
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    room = asr_device == "cuda" or cores > 2
+    room = asr_device == "cuda" or cores >= 2  # 2 cores: measured, docs/benchmarks.md
     return dataclasses.replace(turn, partials="on" if room else "off")
 
 

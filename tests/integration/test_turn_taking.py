@@ -124,10 +124,14 @@ def test_turn_options_refuse_bad_values_with_the_fix():
         TurnOptions(pause_ms=2000, max_silence_ms=1000)
 
 
-def test_partials_auto_is_off_on_two_cpu_cores_and_on_with_a_cuda_asr(monkeypatch):
+def test_partials_auto_is_on_from_two_cpu_cores_and_with_a_cuda_asr(monkeypatch):
+    """Measured on 2 cores, partials no longer delay the answer (docs/benchmarks.md); one core has no room."""
     from assistant.stages.endpoint import with_partials_resolved
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert with_partials_resolved(TurnOptions(), "cpu").partials == "on"
+    assert with_partials_resolved(TurnOptions(partials="off"), "cpu").partials == "off"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
     assert with_partials_resolved(TurnOptions(), "cpu").partials == "off"
     assert with_partials_resolved(TurnOptions(), "cuda").partials == "on"
     assert with_partials_resolved(TurnOptions(partials="on"), "cpu").partials == "on"
