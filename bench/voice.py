@@ -51,6 +51,7 @@ CONFIGS = {  # name -> 'assistant run' flags
     "piper": ["--tts", "piper"],  # "new" answering in the Piper voice (scripts/setup.sh --piper)
 }
 PAUSE_S, LEAD_S = 0.7, 0.3  # the mid-sentence gap; the silence before and after each question
+LOST_MS = 500  # an answered turn whose speech ended this much before the question's missed its rest
 V2V = "voice_to_voice_ms"
 STAGE_ROWS = [*(k for k in STAGES if k != V2V), "speculated_ms", "tokens_per_s", V2V]
 
@@ -167,11 +168,16 @@ def norm(text: str) -> str:
 
 
 def judge(q: Question, turn: dict) -> dict:
-    """Was the question transcribed exactly; was a paused one cut off?
+    """Was the question transcribed exactly; did a paused one end early, and was its rest lost?
 
-    Cut off: more than one record, a reply that began playing after an endpoint but before the
-    whole question was spoken, or a transcript without most of the second half's words (not
-    just its keyword: tiny.en mishears espeak-ng's "bees" as "these" whether cut off or not).
+    Ended early (``cut_off``): more than one record, a reply that began playing after an
+    endpoint but before the whole question was spoken, or a transcript without most of the
+    second half's words (not just its keyword: tiny.en mishears espeak-ng's "bees" as "these"
+    whether cut off or not). Since full duplex, a reply begun early is dropped when the user
+    goes on and the whole question answered as one turn (``continued``); ``lost``: the rest
+    was not answered with the first half (the halves were answered as two turns, or the
+    answered turn's speech ended more than ``LOST_MS`` before the question's: its second half
+    is over 1 s long, while a whole turn's VAD end falls within ~130 ms of the real one).
     """
     recs, evs = turn["records"], turn["events"]
     transcript = " ".join(r["transcript"] for r in recs)
@@ -181,9 +187,13 @@ def judge(q: Question, turn: dict) -> dict:
     rest = set(norm(q.second_half).split())
     unheard = len(rest - set(norm(transcript).split())) > len(rest) / 2
     cut = bool(q.keyword) and (len(recs) > 1 or unheard or early)
+    answered = [r for r in recs if r.get("cancelled") != "continued"]
+    ended_ns = answered[-1]["timestamps_ns"]["speech_end"] if answered else 0
+    short = ended_ns < turn["speech_end_ns"] - LOST_MS * 1e6
+    lost = bool(q.keyword) and (len(answered) != 1 or short)
     exact = len(recs) == 1 and norm(transcript) == norm(q.text)
     rejoined = sum(1 for e in evs if e["event"] == "SpeechResumed" and e.get("after_endpoint"))
-    return {"exact": exact, "cut_off": cut, "rejoined_after_endpoint": rejoined}
+    return {"exact": exact, "cut_off": cut, "lost": lost, "rejoined_after_endpoint": rejoined}
 
 
 def gaps_ms(record: dict, events: list[dict]) -> list[float]:
@@ -227,6 +237,7 @@ def stats(questions: list[Question], result: dict) -> dict:
         "exact": sum(v["exact"] for v in verdicts),
         "paused": sum(bool(q.keyword) for q in questions),
         "cut_offs": sum(v["cut_off"] for v in verdicts),
+        "lost": sum(v["lost"] for v in verdicts),
         "rejoined_after_endpoint": sum(v["rejoined_after_endpoint"] for v in verdicts),
         "resumed": sum(r.get("resumed", 0) for r in records),
         "discarded": sum(r.get("discarded", 0) for r in records),
@@ -256,7 +267,8 @@ def table(all_stats: dict[str, dict]) -> str:
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     counts = {
         "records / questions (unanswered)": lambda s: f"{s['records']}/{s['questions']} ({s['unanswered']})",
-        "premature cut-offs / paused questions": lambda s: f"{s['cut_offs']}/{s['paused']}",
+        "paused questions ended early (reply begun or split)": lambda s: f"{s['cut_offs']}/{s['paused']}",
+        "paused questions cut off (rest not answered)": lambda s: f"{s.get('lost', '-')}/{s['paused']}",
         "transcribed exactly": lambda s: f"{s['exact']}/{s['questions']}",
         "resumed / after endpoint / discarded": lambda s: (
             f"{s['resumed']} / {s['rejoined_after_endpoint']} / {s['discarded']}"

@@ -276,7 +276,7 @@ async def test_partial_transcript_shows_while_the_user_speaks(pulse, audio_dir, 
     sound_server_env(monkeypatch, pulse)
     text = "Could you please tell me what the capital city of France is, and why so many people visit it?"
     wav = write_wav(audio_dir / "long.wav", np.concatenate([speak(text, audio_dir, "long"), silence(0.5)]))
-    s = settings(**{"decoder.backend": "pytorch", "turn.partials": "on"})  # whatever auto says on this machine
+    s = settings(**{"decoder.backend": "pytorch", "turn.partials": "on"})  # whatever auto says
     app = AssistantApp(builder(s), settings=s, gpu=False)
     seen: list[tuple[str, bool]] = []  # (the user line, whether the final transcript existed then)
 
