@@ -41,14 +41,6 @@ def suppressed_middle(samples: np.ndarray, ms: int = 150, db: float = -25) -> np
     return out
 
 
-def suppressed_onset(samples: np.ndarray, ms: int = 140, db: float = -30) -> np.ndarray:
-    """``samples`` with the first ``ms`` of the speech taken down by ``db`` (a lone "Stop." on the rig)."""
-    first = int(np.flatnonzero(np.abs(samples) > 0.02)[0])
-    out = samples.copy()
-    out[first : first + ms * 16] *= 10 ** (db / 20)
-    return out
-
-
 def timed_ms(call, repeats: int) -> float:
     """Median wall time of ``call()`` in ms."""
     times = []

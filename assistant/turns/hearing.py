@@ -19,17 +19,7 @@ import numpy as np
 from assistant.events import Event, OverlapVerdict, PartialTranscript, TurnHeld
 from assistant.stages.asr import TranscriptResult, first_clip_end
 from assistant.stages.vad import SAMPLE_RATE_HZ
-from assistant.turns.overlap_words import (
-    LONE_STOPS,
-    MAX_LONE_STOP_S,
-    NOT_STOPS,
-    judge,
-    lone_stop,
-    rest_after,
-    spotted_stop,
-    stop_candidates,
-    worth_spotting,
-)
+from assistant.turns.overlap_words import judge, rest_after, spotted_stop, stop_candidates, worth_spotting
 from assistant.turns.protocols import HeldSpeech, Said, Transcribes
 
 logger = logging.getLogger(__name__)
@@ -142,10 +132,7 @@ class Hearing:
         "Please stop." over a reply on speakers came out as a doubtful "the top." and the reply
         played on. A few words that are not a stop request are scored against the stop phrases
         (:func:`~assistant.turns.overlap_words.spotted_stop`): the canceller's double-talk suppression
-        turned "Please stop." into "Please come.". Short speech with no words heard is scored
-        as a lone "Stop." or "Wait." against backchannels
-        (:func:`~assistant.turns.overlap_words.lone_stop`): the suppressor took the onset of a
-        lone "Stop." and Whisper heard nothing.
+        turned "Please stop." into "Please come.".
         """
         with self.lock:
             if said is not None:
@@ -156,12 +143,6 @@ class Hearing:
                 text, doubtful = result.text.strip(), result.no_speech_prob >= OVERLAP_NO_SPEECH
                 if not text and judge(result.left_out) is OverlapVerdict.STOP:
                     text = result.left_out  # a doubtful "the top." is still a request to stop
-            if said is None and (doubtful or not text) and audio.size <= MAX_LONE_STOP_S * SAMPLE_RATE_HZ:
-                phrases = [*LONE_STOPS, *NOT_STOPS]
-                lone = dict(zip(phrases, self.transcriber.phrase_logprobs(audio, phrases), strict=True))
-                if stop := lone_stop(lone):
-                    logger.info("no words heard over the reply, but %r: %s", stop, lone)
-                    return Overheard(stop)
             if doubtful:
                 return Overheard("")
             # Scoring stop phrases is for greedy words of the speech alone, mangled under the reply

@@ -127,29 +127,6 @@ def spotted_stop(heard: float, stops: dict[str, float]) -> str | None:
     return best if best is not None and stops[best] >= heard - STOP_SPOT_MARGIN else None
 
 
-# A lone stop word whose onset the canceller's double-talk suppression took can leave Whisper
-# with no words (no-speech probability 0.7 for "Stop." with its first 140 ms 30 dB down), yet
-# forced decoding still ranks it first among what short sounds over a reply usually are; a
-# cough, a click or an "uh-huh" put "Stop." 2.8-4.2 a token under their best of these
-# (tiny.en on espeak-ng: python -m bench.stop_spotting, "onset" rows).
-LONE_STOPS = ("Stop.", "Wait.")
-NOT_STOPS = ("Mm-hmm.", "Uh-huh.", "Okay.", "Yeah.", "Oh.", "Hmm.")
-LONE_STOP_MARGIN = 0.5  # a token, over the best of NOT_STOPS ("Stop." cut at the onset: 0.75)
-LONE_STOP_FLOOR = -2.5  # a token: below it no word was clear enough to stop a reply for
-MAX_LONE_STOP_S = 1.5  # longer speech that Whisper heard no words in is not one word
-
-
-def lone_stop(scores: dict[str, float]) -> str | None:
-    """The stop word that speech with no words heard said, from forced decoding, or ``None``.
-
-    ``scores``: the mean log-probability a token of each of :data:`LONE_STOPS` and
-    :data:`NOT_STOPS` as the transcript of the speech.
-    """
-    best = max(LONE_STOPS, key=scores.__getitem__)
-    other = max(scores[phrase] for phrase in NOT_STOPS)
-    return best if scores[best] >= max(LONE_STOP_FLOOR, other + LONE_STOP_MARGIN) else None
-
-
 def starts_with_stop(text: str) -> bool:
     """Whether the words open with a request to stop ("Stop. What is ...", "wait, no ...").
 

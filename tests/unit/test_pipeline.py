@@ -420,8 +420,7 @@ class DoubtfulTranscriber:
         return TranscriptResult("", 1000.0, 5.0, "en", 0.1, left_out=self.left_out)
 
     def phrase_logprobs(self, audio, phrases):
-        assert not self.left_out or self.left_out == "We have to go.", "a stop request: nothing to score"
-        return [-8.0] * len(phrases)  # no word is clear: not a lone stop either
+        raise AssertionError("a stop request or no words: nothing to score")
 
 
 @pytest.mark.parametrize(("left_out", "heard"), [("the top.", "the top."), ("We have to go.", ""), ("", "")])
@@ -467,42 +466,16 @@ def test_a_few_words_over_a_reply_that_score_as_a_stop_request_are_one(text, sco
     assert asr.scored and asr.scored[0][0] == text
 
 
-@pytest.mark.parametrize("text", ["Stop.", "Yeah.", "Stop. What is the capital of Germany?"])
-def test_stop_requests_backchannels_and_long_words_are_not_scored(text):
+@pytest.mark.parametrize(
+    ("text", "no_speech"),
+    [("Stop.", 0.1), ("Yeah.", 0.1), ("Stop. What is the capital of Germany?", 0.1), ("Please come.", 0.95)],
+)
+def test_stop_requests_backchannels_long_words_and_doubtful_speech_are_not_scored(text, no_speech):
     from assistant.turns.hearing import Hearing
 
-    asr = MishearingTranscriber(text, {})
+    asr = MishearingTranscriber(text, {}, no_speech)
     Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(RATE, np.float32))
     assert asr.scored == []
-
-
-# Scores of tiny.en's forced decoding on espeak-ng (bench.stop_spotting, "onset" rows): "Stop."
-# with its first 140 ms 30 dB down (Whisper: no words), and a cough.
-LONE_STOP = {"Stop.": -1.76, "Wait.": -5.47, "Oh.": -2.51, "Mm-hmm.": -2.9, "Uh-huh.": -3.2, "Okay.": -3.3}
-COUGH = {"Stop.": -5.0, "Wait.": -5.3, "Mm-hmm.": -2.22, "Uh-huh.": -2.78, "Okay.": -2.8, "Oh.": -3.0}
-
-
-@pytest.mark.parametrize(
-    ("text", "no_speech", "scores", "seconds", "heard"),
-    [
-        ("", 0.72, LONE_STOP, 1.0, "Stop."),  # no words, yet "Stop." ranks first: a lone stop
-        ("Please come.", 0.95, LONE_STOP, 1.0, "Stop."),  # doubtful words: the same
-        ("", 0.81, COUGH, 1.0, ""),  # a cough: backchannels rank first, "Stop." under the floor
-        ("", 0.72, {**LONE_STOP, "Oh.": -2.0}, 1.0, ""),  # "Stop." first by under the margin
-        ("", 0.72, LONE_STOP, 2.0, ""),  # longer than one word: not scored
-    ],
-)
-def test_speech_with_no_words_heard_over_a_reply_is_a_lone_stop_only_when_stop_ranks_first(
-    text, no_speech, scores, seconds, heard
-):
-    """On the echo rig a lone "Stop." over a reply lost its onset to the suppressor: no words, played on."""
-    from assistant.turns.hearing import Hearing
-    from assistant.turns.overlap_words import LONE_STOPS, NOT_STOPS
-
-    asr = MishearingTranscriber(text, scores, no_speech)
-    got = Hearing(asr, lambda _event: None).transcribe_overlap(np.zeros(int(RATE * seconds), np.float32))
-    assert got.text == heard
-    assert asr.scored == ([] if seconds > 1.5 else [[*LONE_STOPS, *NOT_STOPS]])
 
 
 def test_speech_in_the_window_is_transcribed_once_joined_to_the_question_and_judged_by_its_rest():
