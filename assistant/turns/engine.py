@@ -206,9 +206,10 @@ class TurnEngine(OverlapRules):
         """Whether to transcribe the utterance in progress (``audio_ms`` long) for the display.
 
         Only while the user speaks, every ``partial_interval_ms`` of it, and never while the
-        turn's own work runs: that comes first.
+        turn's own work runs: that comes first. Nor over a reply: that speech's own pass judges
+        it, and a partial would hold the model it waits for and the CPU the echo canceller needs.
         """
-        if not self.rules.partials or not in_speech:
+        if not self.rules.partials or not in_speech or self.overlap is not None:
             return False
         if audio_ms - self._partial_audio_ms < self.rules.partial_interval_ms:
             return False

@@ -77,6 +77,15 @@ def test_speech_over_the_reply_pauses_it_within_200_ms_of_its_onset_and_decides_
     assert not s.of(BargeIn) and not s.of(ContinueTurn) and len(s.of(Start)) == 1
 
 
+def test_speech_over_the_reply_gets_no_partial_transcripts_its_judge_transcribes_it():
+    """A partial pass would hold the model the overlap's judge waits for, and the CPU AEC3 needs."""
+    s, _ = replying(TurnRules(partials=True, partial_interval_ms=300), after_ms=2000)
+    assert s.engine.partial_due(700, True)  # the reply plays, nobody speaks over it: due
+    s.speak(400)
+    assert s.engine.overlap is not None
+    assert not s.engine.partial_due(1400, True)
+
+
 def test_a_backchannel_resumes_the_reply_and_never_becomes_a_turn():
     s, first = replying(after_ms=2000)
     s.speak(400).pause(300)
