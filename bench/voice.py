@@ -268,7 +268,7 @@ def table(all_stats: dict[str, dict]) -> str:
     counts = {
         "records / questions (unanswered)": lambda s: f"{s['records']}/{s['questions']} ({s['unanswered']})",
         "paused questions ended early (reply begun or split)": lambda s: f"{s['cut_offs']}/{s['paused']}",
-        "paused questions cut off (rest not answered)": lambda s: f"{s.get('lost', '-')}/{s['paused']}",
+        "paused questions cut off (rest not answered)": lambda s: f"{s['lost']}/{s['paused']}",
         "transcribed exactly": lambda s: f"{s['exact']}/{s['questions']}",
         "resumed / after endpoint / discarded": lambda s: (
             f"{s['resumed']} / {s['rejoined_after_endpoint']} / {s['discarded']}"
