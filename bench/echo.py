@@ -141,7 +141,7 @@ def stage_canceller(delay_hint_ms: int) -> Canceller:
     def run(near: np.ndarray, far: np.ndarray) -> np.ndarray:
         t_ns = next(clock)
         canceller.play(far, t_ns)
-        out = canceller.process(near, t_ns) * 32768  # back to the exact int16 values (no truncation)
+        out = canceller.process(near, t_ns).vad * 32768  # as the app hears it; exact int16 values
         return np.clip(np.round(out), -32768, 32767).astype(np.int16)
 
     return run

@@ -56,12 +56,17 @@ def trial(app: LiveApp, question: Path, phrase: Path) -> tuple[str, list[str]]:
 
 
 def room(
-    env: dict, folder: Path, trials: int, settings: dict[str, str], heard: dict[str, list[list[str]]]
+    env: dict,
+    folder: Path,
+    trials: int,
+    settings: dict[str, str],
+    heard: dict[str, list[list[str]]],
+    said: list[str],
 ) -> dict[str, list[str]]:
     """``trials`` of each phrase, each in an app of its own (a fresh conversation: long replies)."""
     question = utterance(folder, "Tell me about the history of Paris.", "question")
-    phrases = {p: utterance(folder, p, f"phrase{i}") for i, p in enumerate(PHRASES)}
-    outcomes: dict[str, list[str]] = {p: [] for p in PHRASES}
+    phrases = {p: utterance(folder, p, f"phrase{i}") for i, p in enumerate(said)}
+    outcomes: dict[str, list[str]] = {p: [] for p in said}
     for n in range(trials):
         for i, (text, wav) in enumerate(phrases.items()):
             run = folder / f"trial{n}-{i}"
@@ -86,25 +91,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gain-db", type=float, default=-13)
     parser.add_argument("--rooms", default="headset,speakers")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--phrases", default="|".join(PHRASES), help="the phrases said, '|' between them")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     settings = {}
     for item in args.set:
         key, value = item.split("=", 1)
         settings["ASSISTANT_" + key.replace(".", "_").upper()] = value
+    said = args.phrases.split("|")
     results: dict[str, dict[str, list[str]]] = {}
     heard: dict[str, dict[str, list[list[str]]]] = {}
     with private_audio("stop-pulse-") as env:
         for name in args.rooms.split(","):
-            print(f"{name}: {args.trials} trials of {len(PHRASES)} phrases", file=sys.stderr)
+            print(f"{name}: {args.trials} trials of {len(said)} phrases", file=sys.stderr)
             rig = echo_path(env, args.delay_ms, args.gain_db, 2) if name == "speakers" else nullcontext()
             with rig:
                 folder = Path(tempfile.mkdtemp(prefix=f"stop-{name}-"))
-                results[name] = room(env, folder, args.trials, settings, heard.setdefault(name, {}))
+                results[name] = room(env, folder, args.trials, settings, heard.setdefault(name, {}), said)
     kinds = ("stopped", "answered", "played on", "reply over")
     print("| phrase | " + " | ".join(f"{r}: " + " / ".join(kinds) for r in results) + " |")
     print("|---|" + "---:|" * len(results))
-    for phrase in PHRASES:
+    for phrase in said:
         cells = []
         for outcomes in results.values():
             got = outcomes[phrase]

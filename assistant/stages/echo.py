@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,6 +37,20 @@ DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking ove
 # ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
 NEAR_GAP_SAMPLES = SAMPLE_RATE_HZ // 10
 RESIDUAL_TAIL_MS = 100  # the room's tail after the echo's delay, for the residual gate
+
+
+class Cancelled(NamedTuple):
+    """Near-end audio after the canceller, in whole 10 ms frames: two views of the same samples.
+
+    ``vad`` is what the app listens to (VAD, Smart Turn, ASR): AEC3's output with the frames of
+    leftover echo silenced (the residual gate), or the microphone as it is where nothing that
+    could echo was played. ``audio`` is the same without the gate: the gate also silences the
+    soft start of a word said over the reply (the "s" and "t" of "Stop."), so the judge of
+    speech over a reply looks for a stop request in it (``Duplex.unsuppressed``).
+    """
+
+    audio: np.ndarray
+    vad: np.ndarray
 
 
 class EchoUnavailable(RuntimeError):
@@ -176,10 +190,11 @@ class EchoCanceller:
         """Near-end samples waiting for a whole frame: how far the output runs behind the input."""
         return len(self._pending)
 
-    def process(self, samples: np.ndarray, t_ns: int) -> np.ndarray:
+    def process(self, samples: np.ndarray, t_ns: int) -> Cancelled:
         """Cancel the echo in near-end ``samples`` captured from ``t_ns``; float32 out.
 
-        Returns the whole 10 ms frames completed so far: up to 159 samples wait for the next
+        Returns the whole 10 ms frames completed so far (:class:`Cancelled`: ungated, and with
+        leftover echo silenced): up to 159 samples wait for the next
         block, so the output runs up to 10 ms behind the input. Blocks follow each other by
         their sample count; one whose time is more than :data:`NEAR_GAP_SAMPLES` off (blocks
         were dropped) starts a new timeline position (what was pending is dropped).
@@ -195,15 +210,16 @@ class EchoCanceller:
         else:
             self._pending = np.concatenate([self._pending, pcm])
         frames = len(self._pending) // FRAME_SAMPLES
-        out = np.empty(frames * FRAME_SAMPLES, np.float32)
+        audio = np.empty(frames * FRAME_SAMPLES, np.float32)
+        vad = np.empty(frames * FRAME_SAMPLES, np.float32)
         for i in range(frames):
             s = slice(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)
-            out[s] = self._frame(self._pending[s], self._next + i * FRAME_SAMPLES)
+            audio[s], vad[s] = self._frame(self._pending[s], self._next + i * FRAME_SAMPLES)
         self._pending = self._pending[frames * FRAME_SAMPLES :]
         self._next += frames * FRAME_SAMPLES
-        return out
+        return Cancelled(audio, vad)
 
-    def _frame(self, near: np.ndarray, start: int) -> np.ndarray:
+    def _frame(self, near: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         far = self._far_frame(start)
         rtc = self._rtc
         self._apm.process_reverse_stream(rtc.AudioFrame(far.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES))
@@ -222,20 +238,23 @@ class EchoCanceller:
             if self._far_frames % (ECHO_FREE_EVERY_FRAMES if self.echo_free else DELAY_EVERY_FRAMES) == 0:
                 self._estimate_delay()
         if self.echo_free:
-            return near_f
+            return near_f, near_f
         return self._gate_residual(out, near_f)
 
-    def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> np.ndarray:
-        """Silence what is left of the echo: output ``residual_gate_db`` under what just played.
+    def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ungated, gated): the gated view has what is left of the echo silenced.
 
-        The loudest far-end frame whose echo can be in this frame sets the level: around the
-        estimated echo delay plus a room tail once the delay is known, else over the whole
-        reach (``max_delay_ms`` plus the tail). The user's own voice at the microphone is louder
+        Left-over echo is output ``residual_gate_db`` under what just played. The loudest
+        far-end frame whose echo can be in this frame sets the level: around the estimated
+        echo delay plus a room tail once the delay is known, else over the whole reach
+        (``max_delay_ms`` plus the tail). The user's own voice at the microphone is louder
         than that by far; after the reply pauses, the gate lets go once its echo has passed.
         When nothing that could echo here was played, the microphone passes as it is: AEC3 on
         speech alone is not quite transparent, and tiny.en heard "capital and friends" in it. AEC3
         leaves a little echo while it adapts to a new signal (the first words of a reply), which
-        the VAD would otherwise take for speech over the reply.
+        the VAD would otherwise take for speech over the reply. The ungated view keeps such
+        frames: the soft start of a word said over the reply is under the gate too (the "s" and
+        "t" of "Stop." were silenced, and tiny.en heard nothing in the rest).
         """
         gate_db = self.options.residual_gate_db
         recent = self._far_recent
@@ -246,11 +265,11 @@ class EchoCanceller:
         else:
             loudest = max(recent)
         if loudest <= FAR_ACTIVE_RMS**2:
-            return near  # nothing played that could echo here: the microphone as it is
+            return near, near  # nothing played that could echo here: the microphone as it is
         if gate_db <= 0 or float(np.mean(out**2)) >= loudest * 10 ** (-gate_db / 10):
-            return out
+            return out, out
         self.gated_frames += 1
-        return np.zeros_like(out)
+        return out, np.zeros_like(out)
 
     def _estimate_delay(self) -> None:
         """The echo's delay, and whether there is an echo path at all (:attr:`echo_free`).

@@ -85,7 +85,7 @@ class ContinueTurn:
 
 @dataclass(frozen=True)
 class Judge:
-    """Transcribe ``audio``, the speech of turn ``turn_id`` over a reply.
+    """Transcribe ``audio``, the speech of turn ``turn_id`` over a reply, which ends at ``t_ns``.
 
     Its words go to :meth:`~assistant.turns.engine.TurnEngine.overlap_heard`. ``joined_with``:
     the attempt whose question the speech may continue (0: none); it is transcribed after
@@ -95,6 +95,7 @@ class Judge:
     turn_id: int
     audio: object
     joined_with: int = 0
+    t_ns: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from assistant.turns.side_asr import SideTranscripts
 class Carrier:
     """Carries out actions on the turn ``runs``, the ``speaker``, the ``side`` ASR threads and ``emit``.
 
-    ``started(turn_id)`` is told of each turn run started (the device watch names it).
+    ``started(turn_id)`` is told of each turn run started (the device watch names it);
+    ``unsuppressed(t_end_ns, samples)`` gives speech over a reply as the echo canceller gave it,
+    before its residual gate (:meth:`~assistant.turns.duplex.Duplex.unsuppressed`).
     """
 
     def __init__(
@@ -31,12 +33,14 @@ class Carrier:
         side: SideTranscripts,
         emit: Callable[[Event], None],
         started: Callable[[int], None],
+        unsuppressed: Callable[[int, int], np.ndarray | None] | None = None,
     ) -> None:
         self.runs = runs
         self.speaker = speaker
         self.side = side
         self.emit = emit
         self.started = started
+        self.unsuppressed = unsuppressed
 
     def apply(self, actions: list[act.Action]) -> None:
         """Carry out ``actions`` in order (the caller holds the floor lock)."""
@@ -73,7 +77,9 @@ class Carrier:
             elif isinstance(action, act.Judge):
                 assert isinstance(action.audio, np.ndarray)
                 question = self.runs.get(action.joined_with)
-                self.side.judge(action.turn_id, action.audio, question.gate.said if question else None)
+                said = question.gate.said if question else None
+                ungated = self.unsuppressed(action.t_ns, action.audio.size) if self.unsuppressed else None
+                self.side.judge(action.turn_id, action.audio, said, ungated)
             elif isinstance(action, act.StopSpeaker):
                 if self.speaker is not None:
                     self.speaker.stop()

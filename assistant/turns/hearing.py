@@ -115,7 +115,9 @@ class Hearing:
             audio_ms = 1000 * audio.size / SAMPLE_RATE_HZ
             self.emit(PartialTranscript(turn, time.monotonic_ns(), text, audio_ms, result.asr_ms))
 
-    def transcribe_overlap(self, audio: np.ndarray, said: Said | None = None) -> Overheard:
+    def transcribe_overlap(
+        self, audio: np.ndarray, said: Said | None = None, ungated: np.ndarray | None = None
+    ) -> Overheard:
         """The words of speech over a reply, which decide what the speech was.
 
         ``said``: the question of the reply, when the speech began in the continuation window
@@ -133,6 +135,14 @@ class Hearing:
         played on. A few words that are not a stop request are scored against the stop phrases
         (:func:`~assistant.turns.overlap_words.spotted_stop`): the canceller's double-talk suppression
         turned "Please stop." into "Please come.".
+
+        ``ungated``: the same speech before the echo canceller's residual gate. A lone "Stop."
+        said over the reply has its "s" and "t" under the gate, and tiny.en hears nothing in
+        the rest; in the ungated audio it hears "Stop.", "Top." or "Up.". So when the gated
+        speech has no words, the ungated speech is transcribed too, and counts only as a stop
+        request: anything else in it may be the reply's leftover echo, which the gate is there
+        to keep out (a resumed reply's echo, paused at a false onset, read "Tell me about it."
+        and "That is it." there).
         """
         with self.lock:
             if said is not None:
@@ -143,6 +153,8 @@ class Hearing:
                 text, doubtful = result.text.strip(), result.no_speech_prob >= OVERLAP_NO_SPEECH
                 if not text and judge(result.left_out) is OverlapVerdict.STOP:
                     text = result.left_out  # a doubtful "the top." is still a request to stop
+            if (doubtful or not text) and ungated is not None and not np.array_equal(ungated, audio):
+                return Overheard(self._stop_in(ungated))
             if doubtful:
                 return Overheard("")
             # Scoring stop phrases is for greedy words of the speech alone, mangled under the reply
@@ -161,6 +173,15 @@ class Hearing:
                 if stop:
                     return Overheard(stop)
         return Overheard(text, whole)
+
+    def _stop_in(self, audio: np.ndarray) -> str:
+        """The words of ``audio`` if they are a request to stop, else nothing (caller holds the lock)."""
+        result = self.transcriber.transcribe(audio, quick=True)
+        text = result.text.strip()
+        stop = result.no_speech_prob < OVERLAP_NO_SPEECH and judge(text) is OverlapVerdict.STOP
+        verdict = "a stop request" if stop else "ignored"
+        logger.info("heard %r over the reply before the residual gate (%s)", text, verdict)
+        return text if stop else ""
 
 
 @dataclass(frozen=True)

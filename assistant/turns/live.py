@@ -102,7 +102,8 @@ class LiveLoop:
             )
         )
         self.side = SideTranscripts(pipeline, self._overlap_heard)
-        self.carrier = Carrier(self.runs, speaker, self.side, pipeline.emit, self._started)
+        unsuppressed = duplex.unsuppressed if duplex is not None else None
+        self.carrier = Carrier(self.runs, speaker, self.side, pipeline.emit, self._started, unsuppressed)
         watched = [d for d in (microphone, speaker) if isinstance(d, Microphone | Speaker)]
         self.watch = DeviceWatch(watched, pipeline.emit, lambda: self.current_turn)
 

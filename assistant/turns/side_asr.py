@@ -28,7 +28,9 @@ class SideTranscripts:
         self.heard = heard
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
         self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
-        self.judgements: queue.Queue[tuple[int, np.ndarray, Said | None] | None] = queue.Queue()
+        self.judgements: queue.Queue[tuple[int, np.ndarray, Said | None, np.ndarray | None] | None] = (
+            queue.Queue()
+        )
         self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
 
     def start(self, partials: bool) -> None:
@@ -50,9 +52,14 @@ class SideTranscripts:
         if due(audio_ms, in_speech):
             self.partials.put_nowait((ep.turn_id, np.concatenate(ep.chunks)))
 
-    def judge(self, turn: int, audio: np.ndarray, said: Said | None = None) -> None:
-        """Transcribe speech over a reply (after ``said``: its question); its words go to ``heard``."""
-        self.judgements.put((turn, audio, said))
+    def judge(
+        self, turn: int, audio: np.ndarray, said: Said | None = None, ungated: np.ndarray | None = None
+    ) -> None:
+        """Transcribe speech over a reply (after ``said``: its question); its words go to ``heard``.
+
+        ``ungated``: the same speech before the echo canceller's residual gate, if kept.
+        """
+        self.judgements.put((turn, audio, said, ungated))
 
     def stop(self) -> None:
         """End and join both threads."""
@@ -67,6 +74,6 @@ class SideTranscripts:
 
     def _judge_worker(self) -> None:
         while (item := self.judgements.get()) is not None:
-            turn, audio, said = item
-            overheard = self.pipeline.hearing.transcribe_overlap(audio, said)
+            turn, audio, said, ungated = item
+            overheard = self.pipeline.hearing.transcribe_overlap(audio, said, ungated)
             self.heard(turn, overheard, time.monotonic_ns())

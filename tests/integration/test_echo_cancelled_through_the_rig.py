@@ -49,7 +49,7 @@ def erle_after_first_second(far: np.ndarray, near: np.ndarray, give_far_end: boo
         t_ns = t0 + i * 1_000_000_000 // SAMPLE_RATE_HZ
         if give_far_end:
             canceller.play(far[i : i + BLOCK], t_ns)
-        out.append(canceller.process(near[i : i + BLOCK], t_ns))
+        out.append(canceller.process(near[i : i + BLOCK], t_ns).vad)
     cancelled = np.concatenate(out)
     tail = slice(SAMPLE_RATE_HZ, len(cancelled))
     erle = 10 * np.log10(np.sum(near[tail] ** 2) / max(np.sum(cancelled[tail] ** 2), 1e-12))

@@ -9,11 +9,13 @@ from assistant.config.sections import EchoOptions
 from assistant.stages.echo import (
     FRAME_SAMPLES,
     SAMPLE_RATE_HZ,
+    Cancelled,
     EchoCanceller,
     EchoUnavailable,
     echo_canceller,
     load_processor,
 )
+from tests.helpers.echo import echo_of
 
 pytest.importorskip("livekit")
 
@@ -32,25 +34,23 @@ def speechlike(seconds: float, seed: int) -> np.ndarray:
     return (0.2 * noise * envelope).astype(np.float32)
 
 
-def echo_of(far: np.ndarray, delay_ms: float, gain_db: float) -> np.ndarray:
-    """``far`` delayed and attenuated, with a weaker reflection 23 ms later (like the rig)."""
-    d, r = int(delay_ms * 16), int((delay_ms + 23) * 16)
-    g = 10 ** (gain_db / 20)
-    out = np.zeros_like(far)
-    out[d:] += g * far[: len(far) - d]
-    out[r:] += g / 2 * far[: len(far) - r]
-    return out
-
-
 def run(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> np.ndarray:
-    """Far end played and near end captured in 32 ms blocks on one clock, interleaved as live."""
+    """Far end played and near end captured in 32 ms blocks on one clock, interleaved as live.
+
+    Returns what the app listens to, gated (:func:`run_both` gives the ungated view too).
+    """
+    return run_both(canceller, far, near).vad
+
+
+def run_both(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> Cancelled:
+    """:func:`run`, both views of the output: ungated and gated."""
     out = []
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
         if far is not None:
             canceller.play(far[i : i + BLOCK], t_ns)
         out.append(canceller.process(near[i : i + BLOCK], t_ns))
-    return np.concatenate(out)
+    return Cancelled(np.concatenate([o.audio for o in out]), np.concatenate([o.vad for o in out]))
 
 
 def energy_db(x: np.ndarray) -> float:
@@ -103,7 +103,7 @@ def test_a_far_end_that_is_not_lined_up_in_time_cancels_less() -> None:
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
         canceller.play(far[i : i + BLOCK], t_ns + 200_000_000)
-        out.append(canceller.process(near[i : i + BLOCK], t_ns))
+        out.append(canceller.process(near[i : i + BLOCK], t_ns).vad)
     cancelled = np.concatenate(out)
     tail = slice(2 * SAMPLE_RATE_HZ, len(cancelled))
     assert energy_db(near[tail]) - energy_db(cancelled[tail]) < 20
@@ -140,7 +140,7 @@ def test_output_is_whole_frames_and_keeps_up_with_the_input() -> None:
     total_in = total_out = 0
     for i in range(20):
         total_in += BLOCK
-        total_out += len(canceller.process(np.zeros(BLOCK, np.float32), T0_NS + i * BLOCK_NS))
+        total_out += len(canceller.process(np.zeros(BLOCK, np.float32), T0_NS + i * BLOCK_NS).audio)
         assert total_out % FRAME_SAMPLES == 0 and 0 <= total_in - total_out < FRAME_SAMPLES
 
 
@@ -183,6 +183,27 @@ def test_left_over_echo_is_silenced_and_the_users_voice_over_the_reply_is_not() 
         np.count_nonzero(run(ungated, far, echo_of(far, 60, -13) + user)[echo_only])
         > 0.5 * out[echo_only].size
     )
+
+
+def test_the_soft_start_of_a_word_over_the_reply_is_gated_and_kept_ungated() -> None:
+    """The "s" of "Stop." said over the reply: its frames fall under the residual gate.
+
+    The app listens to them silenced (so the gate keeps leftover echo out), and the ungated
+    view keeps them: with them silenced tiny.en heard nothing in the rest of a lone "Stop." on
+    the echo rig (``bench.stop_requests``), so the overlap judge looks there for a stop request.
+    """
+    far = speechlike(6, seed=1)
+    user = np.zeros_like(far)
+    onset = slice(4 * SAMPLE_RATE_HZ, 4 * SAMPLE_RATE_HZ + 1600)  # 100 ms, 40 dB under the reply
+    user[onset] = 10 ** (-40 / 20) * speechlike(0.1, seed=9)
+    user[onset.stop : onset.stop + 4000] = speechlike(0.25, seed=10)  # then the vowel, as loud as it
+    canceller = make(residual_gate_db=30)
+    out = run_both(canceller, far, echo_of(far, 60, -13) + user)
+    assert canceller.gated_frames > 0
+    assert np.count_nonzero(out.vad[onset]) < 0.5 * out.vad[onset].size  # silenced
+    assert np.count_nonzero(out.audio[onset]) > 0.8 * out.audio[onset].size  # kept ungated
+    voiced = slice(onset.stop + 400, onset.stop + 3600)
+    assert energy_db(out.vad[voiced]) > energy_db(out.audio[voiced]) - 1  # loud speech: passes in both
 
 
 def test_with_no_echo_path_the_users_voice_over_the_reply_passes_untouched() -> None:
