@@ -18,6 +18,7 @@ from assistant.events import (
     OverlapVerdict,
     ReplyResumed,
     SpeechEnded,
+    SpeechOnset,
     SpeechPaused,
     SpeechResumed,
 )
@@ -109,7 +110,8 @@ class OverlapRules:
             paused_ms = (now_ns - ov.paused_t_ns) / 1e6
             return [heard, ResumeReply(live.id), Emit(ReplyResumed(ov.reply_turn, now_ns, paused_ms))]
         if verdict is OverlapVerdict.STOP:
-            ov.ignored = True
+            # The reply stops; more speech said meanwhile ("Stop. What is ...") is judged next.
+            ov.ignored, ov.stale = not ov.stale, False
             return [heard, *(self._barge_in(live, ov) if live is not None else [StopSpeaker()])]
         if ov.continuation and not starts_with_stop(text):
             words = OverlapHeard(ov.reply_turn, now_ns, turn_id, text.strip(), OverlapVerdict.CONTINUATION)
@@ -155,7 +157,10 @@ class OverlapRules:
                     self.overlap = None  # over, and nothing to answer
                 return []
             return [] if ov.judging else self._judge(ov)
-        if isinstance(event, SpeechResumed):
+        # Speech again: after a pause, or after an onset too short to be a turn ("Stop.", then
+        # "What is ..."), whose end the endpointer closed and whose next speech is a new onset.
+        again = isinstance(event, SpeechOnset) and isinstance(ov.pending, OnsetEnded)
+        if isinstance(event, SpeechResumed) or again:
             ov.pending = None
             if ov.judging:
                 ov.stale = True

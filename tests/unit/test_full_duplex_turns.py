@@ -380,3 +380,34 @@ def test_speech_too_short_to_take_the_floor_resumes_the_reply_unless_it_says_sto
     t.speak(320).pause(160)
     t.judged("Stop.")
     assert t.of(BargeIn) and verdicts(t) == [OverlapVerdict.STOP]
+
+
+def test_speech_that_comes_back_while_a_short_sound_is_judged_holds_the_reply_and_is_judged():
+    """ "Stop." (too short to be a turn), then "What is the capital of Germany?" while it is judged.
+
+    A CI run: the short sound was judged "no words" after the question had begun, the reply
+    resumed, and the question became a turn that waited for the whole reply (40 s).
+    """
+    s, first = replying(after_ms=2500, scores=(0.9, 0.1, 0.9))
+    s.speak(160).pause(600)  # an onset too short to be a turn: judged
+    s.speak(800)  # the question begins while it is judged
+    assert s.judged("") == []  # no resume: the speech over the reply goes on
+    assert not s.of(ResumeReply)
+    s.pause(300)
+    assert len(s.of(Judge)) == 2
+    s.judged("What is the capital of Germany?")
+    assert [a.attempt for a in s.of(BargeIn)] == [first.attempt] and s.of(Start)[-1].turn_id == 2
+
+
+def test_a_stop_judged_while_a_question_follows_it_stops_the_reply_and_the_question_is_answered():
+    """ "Stop." heard alone (its onset), then the rest: the reply stops, the question is answered."""
+    s, first = replying(after_ms=2500, scores=(0.9, 0.1, 0.9))
+    s.speak(160).pause(600)
+    s.speak(800)
+    s.judged("Stop.")
+    assert [a.attempt for a in s.of(BargeIn)] == [first.attempt]
+    s.ends(first.attempt)
+    s.pause(300)
+    assert len(s.of(Judge)) == 2  # the question after it is judged, not ignored as part of "stop"
+    s.judged("What is the capital of Germany?")
+    assert s.of(Start)[-1].turn_id == 2
