@@ -232,14 +232,16 @@ def test_barge_in_stops_the_reply_at_the_speech_onset_and_keeps_only_what_was_he
         + ["--file-format=wav", str(recording)],
         env=env,
     )
-    subprocess.run(["paplay", "--device=micfeed", str(question)], env=env, check=True)
-    wait_for_event(events_path, live.proc, 1, "AudioReady")  # the first piece is being played now
-    time.sleep(AFTER_CONTINUATION_WINDOW_S)
-    subprocess.run(["paplay", "--device=micfeed", str(interruption)], env=env, check=True)
-    answer = wait_for_answer(events_path, live.proc, "germany")
-    time.sleep(0.5)
-    recorder.send_signal(signal.SIGINT)
-    recorder.wait(10)
+    try:
+        subprocess.run(["paplay", "--device=micfeed", str(question)], env=env, check=True)
+        wait_for_event(events_path, live.proc, 1, "AudioReady")  # the first piece is being played now
+        time.sleep(AFTER_CONTINUATION_WINDOW_S)
+        subprocess.run(["paplay", "--device=micfeed", str(interruption)], env=env, check=True)
+        answer = wait_for_answer(events_path, live.proc, "germany")
+        time.sleep(0.5)
+    finally:  # a recorder left running is a stream on the sound server the next tests count
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(10)
     live.proc.send_signal(signal.SIGINT)
     assert live.proc.wait(30) == 0
     output = live.output()
