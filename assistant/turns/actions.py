@@ -89,13 +89,15 @@ class Judge:
 
     Its words go to :meth:`~assistant.turns.engine.TurnEngine.overlap_heard`. ``joined_with``:
     the attempt whose question the speech may continue (0: none); it is transcribed after
-    what that attempt said.
+    what that attempt said. ``short``: too short to take the floor, so only a stop request
+    (or a backchannel) in it matters.
     """
 
     turn_id: int
     audio: object
     joined_with: int = 0
     t_ns: int = 0
+    short: bool = False
 
 
 @dataclass(frozen=True)

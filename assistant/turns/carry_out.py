@@ -79,7 +79,7 @@ class Carrier:
                 question = self.runs.get(action.joined_with)
                 said = question.gate.said if question else None
                 ungated = self.unsuppressed(action.t_ns, action.audio.size) if self.unsuppressed else None
-                self.side.judge(action.turn_id, action.audio, said, ungated)
+                self.side.judge(action.turn_id, action.audio, said, ungated, action.short)
             elif isinstance(action, act.StopSpeaker):
                 if self.speaker is not None:
                     self.speaker.stop()

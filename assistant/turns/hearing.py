@@ -116,7 +116,11 @@ class Hearing:
             self.emit(PartialTranscript(turn, time.monotonic_ns(), text, audio_ms, result.asr_ms))
 
     def transcribe_overlap(
-        self, audio: np.ndarray, said: Said | None = None, ungated: np.ndarray | None = None
+        self,
+        audio: np.ndarray,
+        said: Said | None = None,
+        ungated: np.ndarray | None = None,
+        short: bool = False,
     ) -> Overheard:
         """The words of speech over a reply, which decide what the speech was.
 
@@ -142,9 +146,15 @@ class Hearing:
         speech has no words, the ungated speech is transcribed too, and counts only as a stop
         request: anything else in it may be the reply's leftover echo, which the gate is there
         to keep out (a resumed reply's echo, paused at a false onset, read "Tell me about it."
-        and "That is it." there).
+        and "That is it." there). Speech too ``short`` to take the floor (under the rules'
+        ``min_words_ms``) can only stop the reply or let it go on, so it is transcribed ungated
+        alone, and its words count only as a stop request or a backchannel (not scored against
+        the stop phrases): gated, a lone "Stop." was also heard as "time." (words, so not looked
+        at again) in a user check on the echo rig.
         """
         with self.lock:
+            if short and said is None and ungated is not None and not np.array_equal(ungated, audio):
+                return Overheard(self._stop_in(ungated, OverlapVerdict.BACKCHANNEL))
             if said is not None:
                 whole = self.transcriber.transcribe(joined(said.audio, audio))
                 text, doubtful = rest_after(said.text, whole.text), False
@@ -174,12 +184,15 @@ class Hearing:
                     return Overheard(stop)
         return Overheard(text, whole)
 
-    def _stop_in(self, audio: np.ndarray) -> str:
-        """The words of ``audio`` if they are a request to stop, else nothing (caller holds the lock)."""
+    def _stop_in(self, audio: np.ndarray, *also: OverlapVerdict) -> str:
+        """The words of ``audio`` if they ask to stop (or are ``also``), else nothing.
+
+        The caller holds the lock.
+        """
         result = self.transcriber.transcribe(audio, quick=True)
         text = result.text.strip()
-        stop = result.no_speech_prob < OVERLAP_NO_SPEECH and judge(text) is OverlapVerdict.STOP
-        verdict = "a stop request" if stop else "ignored"
+        stop = result.no_speech_prob < OVERLAP_NO_SPEECH and judge(text) in (OverlapVerdict.STOP, *also)
+        verdict = judge(text).value if stop else "ignored"
         logger.info("heard %r over the reply before the residual gate (%s)", text, verdict)
         return text if stop else ""
 

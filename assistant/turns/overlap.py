@@ -187,7 +187,7 @@ class OverlapRules:
         # (``python -m bench.duplex --parts backchannel``: 642 -> 541 ms median).
         words = _spoken_ms(ov) >= self.rules.min_words_ms
         joined_with = ov.attempt if ov.continuation and not ov.rejoined and words else 0
-        return [Judge(ov.turn_id, ov.pending.audio, joined_with, ov.pending.t_ns)]
+        return [Judge(ov.turn_id, ov.pending.audio, joined_with, ov.pending.t_ns, short=not words)]
 
 
 def _same_speech(judged: object, pending: object) -> bool:

@@ -28,7 +28,7 @@ class SideTranscripts:
         self.heard = heard
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
         self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
-        self.judgements: queue.Queue[tuple[int, np.ndarray, Said | None, np.ndarray | None] | None] = (
+        self.judgements: queue.Queue[tuple[int, np.ndarray, Said | None, np.ndarray | None, bool] | None] = (
             queue.Queue()
         )
         self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
@@ -53,13 +53,19 @@ class SideTranscripts:
             self.partials.put_nowait((ep.turn_id, np.concatenate(ep.chunks)))
 
     def judge(
-        self, turn: int, audio: np.ndarray, said: Said | None = None, ungated: np.ndarray | None = None
+        self,
+        turn: int,
+        audio: np.ndarray,
+        said: Said | None = None,
+        ungated: np.ndarray | None = None,
+        short: bool = False,
     ) -> None:
         """Transcribe speech over a reply (after ``said``: its question); its words go to ``heard``.
 
-        ``ungated``: the same speech before the echo canceller's residual gate, if kept.
+        ``ungated``: the same speech before the echo canceller's residual gate, if kept;
+        ``short``: too short to take the floor (:meth:`Hearing.transcribe_overlap`).
         """
-        self.judgements.put((turn, audio, said, ungated))
+        self.judgements.put((turn, audio, said, ungated, short))
 
     def stop(self) -> None:
         """End and join both threads."""
@@ -74,6 +80,6 @@ class SideTranscripts:
 
     def _judge_worker(self) -> None:
         while (item := self.judgements.get()) is not None:
-            turn, audio, said, ungated = item
-            overheard = self.pipeline.hearing.transcribe_overlap(audio, said, ungated)
+            turn, audio, said, ungated, short = item
+            overheard = self.pipeline.hearing.transcribe_overlap(audio, said, ungated, short)
             self.heard(turn, overheard, time.monotonic_ns())

@@ -103,6 +103,7 @@ def test_a_cough_too_short_for_a_turn_resumes_the_reply_once_it_has_no_words():
     s, first = replying(after_ms=500)
     s.speak(160).pause(600)  # an onset, never a turn (min_speech_ms 250)
     assert s.of(PauseReply) and [j.turn_id for j in s.of(Judge)] == [2]  # judged all the same
+    assert s.of(Judge)[0].short  # too short to take the floor: only a stop or a backchannel counts
     s.judged("")
     assert s.of(ResumeReply) == [ResumeReply(first.attempt)]
     assert verdicts(s) == [OverlapVerdict.NOISE] and len(s.of(Start)) == 1 and s.engine.overlap is None

@@ -37,6 +37,8 @@ class TwoViews:
         return TranscriptResult(text, 1000.0, 5.0, "en", self.no_speech if view == "gated" else 0.1)
 
     def phrase_logprobs(self, audio, phrases):
+        if np.any(audio):
+            raise AssertionError("ungated words are never scored against the stop phrases")
         return [-0.5, *(-8.0 for _ in phrases[1:])]  # the words heard score best
 
 
@@ -74,6 +76,21 @@ def test_without_the_ungated_speech_no_words_are_no_words():
     asr = TwoViews("", "Stop.")
     assert Hearing(asr, lambda _e: None).transcribe_overlap(GATED, None, None).text == ""
     assert asr.heard == ["gated"]
+
+
+@pytest.mark.parametrize(
+    ("gated", "ungated", "heard"),
+    [
+        ("time.", "Stop.", "Stop."),  # a user check: the gated "Stop." read "time." (words)
+        ("Okay.", "Okay.", "Okay."),  # a backchannel stays one
+        ("", "That is it.", ""),  # leftover echo: no words, and never scored as "Stop it."
+        ("Tell me.", "Tell me about it.", ""),
+    ],
+)
+def test_speech_too_short_to_take_the_floor_is_judged_ungated_alone(gated, ungated, heard):
+    asr = TwoViews(gated, ungated)
+    assert Hearing(asr, lambda _e: None).transcribe_overlap(GATED, None, UNGATED, short=True).text == heard
+    assert asr.heard == ["ungated"]
 
 
 def test_speech_the_gate_left_alone_is_not_transcribed_twice():
