@@ -152,8 +152,10 @@ class Hearing:
         the stop phrases): gated, a lone "Stop." was also heard as "time." (words, so not looked
         at again) in a user check on the echo rig.
         """
+        if ungated is not None and np.array_equal(ungated, audio):
+            ungated = None  # the gate left it alone (a headset): nothing more to hear in it
         with self.lock:
-            if short and said is None and ungated is not None and not np.array_equal(ungated, audio):
+            if short and said is None and ungated is not None:
                 return Overheard(self._stop_in(ungated, OverlapVerdict.BACKCHANNEL))
             if said is not None:
                 whole = self.transcriber.transcribe(joined(said.audio, audio))
@@ -163,7 +165,7 @@ class Hearing:
                 text, doubtful = result.text.strip(), result.no_speech_prob >= OVERLAP_NO_SPEECH
                 if not text and judge(result.left_out) is OverlapVerdict.STOP:
                     text = result.left_out  # a doubtful "the top." is still a request to stop
-            if (doubtful or not text) and ungated is not None and not np.array_equal(ungated, audio):
+            if (doubtful or not text) and ungated is not None:
                 return Overheard(self._stop_in(ungated))
             if doubtful:
                 return Overheard("")
