@@ -1,0 +1,118 @@
+"""A lone "Stop." over a reply's echo, in closed loop: how a faster reaction would change what is heard.
+
+The app's capture path without its threads or devices (real AEC3, Silero VAD, tiny.en and the
+overlap judge, ``Hearing.transcribe_overlap``), on a reply and the word spoken by espeak-ng in
+four voices, the word 2.0-4.0 s into the reply. The reply's echo reaches the microphone as on
+the echo rig (60 ms, -13 dB, a reflection 23 ms later at -19 dB), optionally with the rig's clock
+drift. The reply stops ``pause_ms`` after the endpointer's ``SpeechOnset`` (the app: ~15-50 ms
+to carry out the pause plus the output buffer, 64 ms), which needs ``onset_ms`` of speech
+(the app's default 96). Each setting prints how often the judge heard a stop request and how
+long the echo sounded after the word began (the live app on the rig: 420-560 ms):
+
+    python -m bench.stop_closed_loop --settings 96:100,32:50,32:20 --json docs/results/stop-closed-loop.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from assistant.config import ModelSettings
+from assistant.config.sections import EchoOptions, VadOptions
+from assistant.events import OnsetEnded, OverlapVerdict, SpeechOnset, SpeechPaused
+from assistant.stages.asr import AsrOptions, Transcriber
+from assistant.stages.echo import EchoCanceller, load_processor
+from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
+from assistant.turns.duplex import AudioTail
+from assistant.turns.hearing import Hearing
+from assistant.turns.overlap_words import judge
+from bench.duplex_rig import utterance
+from bench.results import write_results
+from store.bundled import ModelStore
+
+REPLY = "Paris has been a centre of learning and the arts for centuries, and its history is long."
+VOICES = {"us": {}, "fast": {"speed_wpm": 200}, "gb": {"voice": "en-gb"}, "slow": {"speed_wpm": 130}}
+BLOCK = 512  # the microphone's 32 ms blocks
+WARM_S = 5.0  # the reply plays this long before the first trial's window (as the probe and earlier replies)
+ECHO = ((60, 10 ** (-13 / 20)), (83, 10 ** (-19 / 20)))  # (delay ms, gain) of each path
+
+
+def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float, onset_ms: int,
+          pause_ms: int, drift: float) -> tuple[str, float | None]:  # fmt: skip
+    """What the judge heard, and how long the echo sounded after the word began (ms)."""
+    onset = int(onset_s * SAMPLE_RATE_HZ)
+    n = onset + 2 * SAMPLE_RATE_HZ
+    far = np.pad(reply, (0, max(0, n - reply.size)))[:n].copy()
+    user = np.zeros(n, np.float32)
+    start = onset - int(0.2 * SAMPLE_RATE_HZ)  # the WAV's 0.2 s of silence before the word
+    user[start : start + word.size] = word
+    mic = np.zeros(n, np.float32)
+    options = EchoOptions(enabled="on")
+    canceller = EchoCanceller(options, load_processor(options))
+    endpointer, ungated = Endpointer(VadOptions(onset_ms=onset_ms)), AudioTail(10)
+    cut: int | None = None  # the far-end sample where the reply stops
+    for i in range(0, n - BLOCK + 1, BLOCK):
+        if cut is not None:
+            far[max(i, cut) : i + BLOCK] = 0.0
+        idx = np.arange(i, i + BLOCK)
+        for delay_ms, gain in ECHO:  # the echo path, its delay growing with the drift
+            src = idx - int(delay_ms * 16) - (drift * idx).astype(int)
+            heard = src >= 0
+            mic[idx[heard]] += gain * far[src[heard]]
+        t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
+        canceller.play(far[i : i + BLOCK], t_ns)
+        out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
+        t_end_ns = t_ns + (out.audio.size - 1) * 62_500
+        ungated.add(out.audio, t_end_ns)
+        for event in endpointer.feed(out.vad, t_end_ns):
+            if isinstance(event, SpeechOnset) and cut is None:
+                cut = i + BLOCK + pause_ms * 16
+            if isinstance(event, OnsetEnded | SpeechPaused):
+                view = ungated.span(event.t_ns, event.audio.size)
+                short = isinstance(event, OnsetEnded) or event.audio.size < SAMPLE_RATE_HZ // 2
+                text = hearing.transcribe_overlap(event.audio, None, view, short).text
+                sounded = (cut + int(ECHO[-1][0] * 16) - onset) / 16 if cut is not None else None
+                return text, sounded
+    return "(not heard as speech)", None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default="96:100", help="ONSET_MS:PAUSE_MS pairs, ',' between")
+    parser.add_argument(
+        "--drift", type=float, default=1e-4, help="echo delay growth (the rig: 1e-4, 0.1 ms a second)"
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    asr = Transcriber(AsrOptions(device="cpu", cpu_threads=2), ModelStore(ModelSettings().store_dir))
+    hearing = Hearing(asr, lambda _event: None)
+    folder = Path(tempfile.mkdtemp(prefix="stop-loop-"))
+    reply = soundfile.read(utterance(folder, REPLY, "reply"), dtype="float32")[0]
+    reply = np.concatenate([reply, reply])  # the first time through converges the canceller
+    words = {v: soundfile.read(utterance(folder, "Stop.", f"stop-{v}", **kw), dtype="float32")[0]
+             for v, kw in VOICES.items()}  # fmt: skip
+    results = {}
+    print("| onset (ms) | pause after it (ms) | stop heard | echo after the word began, median (ms) |")
+    print("|---:|---:|---:|---:|")
+    for setting in args.settings.split(","):
+        onset_ms, pause_ms = map(int, setting.split(":"))
+        rows = []
+        for voice, word in words.items():
+            for onset_s in [WARM_S + 2.0 + 0.25 * k for k in range(9)]:
+                text, sounded = trial(hearing, reply, word, onset_s, onset_ms, pause_ms, args.drift)
+                rows.append({"voice": voice, "onset_s": onset_s - WARM_S, "heard": text, "echo_ms": sounded})
+        stops = sum(judge(r["heard"]) is OverlapVerdict.STOP for r in rows)
+        sounded = [r["echo_ms"] for r in rows if r["echo_ms"] is not None]
+        print(f"| {onset_ms} | {pause_ms} | {stops}/{len(rows)} | {np.median(sounded):.0f} |")
+        results[setting] = rows
+    if args.json:
+        write_results(args.json, args, results=results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
