@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile
@@ -35,7 +36,12 @@ from bench.results import write_results
 from store.bundled import ModelStore
 
 REPLY = "Paris has been a centre of learning and the arts for centuries, and its history is long."
-VOICES = {"us": {}, "fast": {"speed_wpm": 200}, "gb": {"voice": "en-gb"}, "slow": {"speed_wpm": 130}}
+VOICES: dict[str, dict[str, Any]] = {
+    "us": {},
+    "fast": {"speed_wpm": 200},
+    "gb": {"voice": "en-gb"},
+    "slow": {"speed_wpm": 130},
+}
 BLOCK = 512  # the microphone's 32 ms blocks
 WARM_S = 5.0  # the reply plays this long before the first trial's window (as the probe and earlier replies)
 ECHO = ((60, 10 ** (-13 / 20)), (83, 10 ** (-19 / 20)))  # (delay ms, gain) of each path
@@ -100,14 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---:|---:|---:|")
     for setting in args.settings.split(","):
         onset_ms, pause_ms = map(int, setting.split(":"))
-        rows = []
+        rows, stops, echo_ms = [], 0, []
         for voice, word in words.items():
             for onset_s in [WARM_S + 2.0 + 0.25 * k for k in range(9)]:
                 text, sounded = trial(hearing, reply, word, onset_s, onset_ms, pause_ms, args.drift)
                 rows.append({"voice": voice, "onset_s": onset_s - WARM_S, "heard": text, "echo_ms": sounded})
-        stops = sum(judge(r["heard"]) is OverlapVerdict.STOP for r in rows)
-        sounded = [r["echo_ms"] for r in rows if r["echo_ms"] is not None]
-        print(f"| {onset_ms} | {pause_ms} | {stops}/{len(rows)} | {np.median(sounded):.0f} |")
+                stops += judge(text) is OverlapVerdict.STOP
+                echo_ms += [sounded] if sounded is not None else []
+        print(f"| {onset_ms} | {pause_ms} | {stops}/{len(rows)} | {np.median(echo_ms):.0f} |")
         results[setting] = rows
     if args.json:
         write_results(args.json, args, results=results)
