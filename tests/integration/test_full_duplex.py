@@ -165,10 +165,10 @@ def stop_request(pulse, tmp_path_factory) -> Spoken:
     Late in one long conversation SmolLM2's replies grew too short to speak over (the reply
     ended before the request), and a request heard wrongly ("being up.") was answered as a
     question, which shortened the replies after it. Said firmly (4 dB up, as people do to stop
-    a talker) so AEC3's double-talk suppression takes less of it. A lone "Stop." stops 11 of
-    12 replies on the rig (``bench.stop_requests``): one in twelve is too often for a test
-    that must not flake, so the lone word is checked on recorded audio through the same
-    canceller, VAD and judge (tests/integration/test_stop_over_the_echo.py).
+    a talker) so AEC3's double-talk suppression takes less of it. A lone "Stop." stops about
+    three replies in four on the rig (``bench.stop_requests``: 15 of 19, docs/benchmarks.md):
+    too few for a test that must not flake, so the lone word is checked on recorded audio
+    through the same canceller, VAD and judge (tests/integration/test_stop_over_the_echo.py).
     """
     folder = tmp_path_factory.mktemp("stop")
     stop = utterance(folder, "Please stop.", "stop", gain_db=4)
