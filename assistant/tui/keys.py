@@ -31,9 +31,10 @@ class KeyActions(App[int]):
     """The key bindings and their actions; :class:`~assistant.tui.app.AssistantApp` sets the state."""
 
     BINDINGS = [
-        Binding("space", "toggle_listening", "Listen on/off"),
+        Binding("space", "toggle_listening", "Listen"),
         Binding("m", "mute", "Mute"),
         Binding("t", "type", "Type"),
+        Binding("s", "stop_reply", "Stop"),
         Binding("b", "barge_in", "Barge-in"),
         Binding("e", "export", "Export"),
         Binding("l", "log", "Log"),
@@ -107,6 +108,11 @@ class KeyActions(App[int]):
         box = self.query_one(Input)
         box.display = False
         self.set_focus(None)
+
+    def action_stop_reply(self) -> None:
+        """S: stop the reply being written or spoken, as a spoken "stop" would (what played is kept)."""
+        if self.loop is None or not self.loop.stop_reply():
+            self.notify("nothing to stop: no reply is being written or spoken")
 
     def action_barge_in(self) -> None:
         """B: barge-in auto (while echo cancellation works), on (headsets) or off, in turn."""

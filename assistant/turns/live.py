@@ -220,6 +220,14 @@ class LiveLoop:
         with self.floor:
             self._apply(self.engine.interrupt())
 
+    def stop_reply(self) -> bool:
+        """The user asked to stop (the UI's key): as :meth:`interrupt`; False when nothing ran."""
+        with self.floor:
+            if not self.engine.busy():
+                return False
+            self._apply(self.engine.interrupt())
+            return True
+
     def stop(self) -> None:
         """Cancel the turn in progress, stop playback, join every thread."""
         self.stop_event.set()

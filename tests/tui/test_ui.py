@@ -115,6 +115,36 @@ async def test_no_microphone_typed_turns_stats_export_and_clean_quit(tmp_path, m
 
 
 @pytest.mark.asyncio
+async def test_s_stops_the_reply_being_written_keeps_its_words_and_the_next_question_is_answered(
+    tmp_path, monkeypatch
+):
+    """S while a long reply is written: it stops there, as a spoken "stop" would; S with none: a notice."""
+    no_audio_env(monkeypatch, tmp_path)
+    s = settings(**{"generation.max_new_tokens": 400})
+    app = AssistantApp(builder(s), settings=s, export_dir=tmp_path, gpu=False)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await wait_until(pilot, lambda: app.loop is not None and app.session)
+        await pilot.press("s")
+        await wait_until(pilot, lambda: any("nothing to stop" in t.message for t in app._notifications))
+
+        def tokens() -> int:
+            return sum(type(e).__name__ == "TokenGenerated" for e in app.fold.turn_events.get(1, []))
+
+        await pilot.press("t", *"Tell me about the history of Paris.", "enter")
+        await wait_until(pilot, lambda: tokens() >= 5)
+        await pilot.press("s")
+        await wait_until(pilot, lambda: len(app.records) == 1)
+        stopped = app.records[0]
+        assert stopped.cancelled == "interrupted", stopped
+        assert stopped.reply and tokens() < 300  # its words so far, far short of the 400 asked
+        await pilot.press("t", *"Say hello.", "enter")
+        await wait_until(pilot, lambda: len(app.records) == 2)
+        assert app.records[1].cancelled == "" and app.records[1].reply
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+@pytest.mark.asyncio
 async def test_a_chat_template_that_raises_is_named_once_and_typing_says_the_start_failed(
     model_dir, tmp_path, monkeypatch
 ):
