@@ -100,16 +100,24 @@ def _quiet_swallowed_exit(unraisable: Any) -> None:
     one sat in ``waitpid``; :func:`assistant.modes.serve.wait_for_exit`.) A timer thread sends
     the signal to the main thread again 10 ms later:
     sent from here, inside the finalizer, its handler would run at once and be swallowed again;
-    later it runs once the finalizer has returned, and interrupts a blocking wait too.
+    later it runs once the finalizer has returned, and interrupts a blocking wait too. Starting
+    that thread waits for it to run: on a busy machine the signal can come back before this hook
+    returns (a CI run), where its exit would be dropped too ("Exception ignored in
+    sys.unraisablehook"); then it is caught here and sent once more.
     """
     if not (isinstance(unraisable.exc_value, SystemExit) and _signalled):
         sys.__unraisablehook__(unraisable)
-    elif len(_signalled) <= REDELIVER_MAX:
-        main = threading.main_thread().ident
-        assert main is not None
+        return
+    main = threading.main_thread().ident
+    assert main is not None
+    while len(_signalled) <= REDELIVER_MAX:
         again = threading.Timer(REDELIVER_AFTER_S, signal.pthread_kill, (main, _signalled[-1]))
         again.name = "signal-again"
-        again.start()  # it only sends the signal: nothing to join
+        try:
+            again.start()  # it only sends the signal: nothing to join
+            return
+        except SystemExit:
+            continue  # it came back while the sender started: send it again
 
 
 # SIGHUP (the terminal was closed) ends a command as SIGTERM does, with its clean-up; it used to
