@@ -15,7 +15,8 @@ Each configuration runs the real app (``assistant run --no-tui``) on the private
    into its reply (inside the continuation window; ``--backchannels`` picks others): how long
    the reply stayed paused, and whether it was cut instead of resumed.
 
-``--parts`` runs some of them (default all).
+``--parts`` runs some of them (default all). The spoken parts' replies are ``--max-new-tokens``
+long (default 60; the app's own default, 160, keeps generating while the user speaks over them).
 
 ``before`` is a checkout of the code before full duplex (``--before DIR``, its own venv), run
 with ``--barge-in`` in part 1 and 2 (without it nothing is heard over a reply at all). Prints
@@ -105,14 +106,20 @@ def talk_result(trials: int) -> dict:
 
 
 def spoken(
-    env: dict, folder: Path, checkout: Path | None, trials: int, flags: list[str], parts: tuple[Callable, ...]
+    env: dict,
+    folder: Path,
+    checkout: Path | None,
+    trials: int,
+    flags: list[str],
+    parts: tuple[Callable, ...],
+    max_new_tokens: int = 60,
 ) -> dict:
     long_q = utterance(folder, "Tell me about the history of Paris.", "long")
     germany = utterance(folder, "What is the capital of Germany?", "germany")
     halves = [
         (utterance(folder, a, f"a{i}"), utterance(folder, b, f"b{i}"), b) for i, (a, b) in enumerate(PAUSED)
     ]
-    app = App(env, folder, checkout, "--max-new-tokens", "60", "--temperature", "0", *flags)
+    app = App(env, folder, checkout, "--max-new-tokens", str(max_new_tokens), "--temperature", "0", *flags)
     result = talk_result(trials)
     try:
         app.wait_line("listening on", 300)
@@ -270,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backchannels", default=",".join(BACKCHANNELS), help="part 4's phrases, comma-separated, in turn"
     )
+    parser.add_argument("--max-new-tokens", type=int, default=60, help="the spoken parts' reply length")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
@@ -306,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 if part in parts:
                     print(f"{name}: {args.trials} trials of {part}", file=sys.stderr)
-                    run = spoken(env, work / part, checkout, args.trials, flags, (fn,))
+                    run = spoken(env, work / part, checkout, args.trials, flags, (fn,), args.max_new_tokens)
                     talk |= {k: run[k] for k in keys}
                     talk["failed"] += run["failed"]
             results[name] = {"echo": echo, "spoken": talk}

@@ -63,6 +63,8 @@ class Carrier:
             elif isinstance(action, act.PauseReply):
                 if self.speaker is not None:
                     self.speaker.pause()
+                if (held := self.runs.get(action.attempt)) is not None:
+                    held.gate.hold()  # the judge gets the CPU the reply's generation had
                 now, latency_ms = time.monotonic_ns(), self.latency_ms()
                 self.emit(
                     ReplyPaused(action.turn_id, now, action.onset_t_ns, action.overlap_turn, latency_ms)
@@ -70,6 +72,8 @@ class Carrier:
             elif isinstance(action, act.ResumeReply):
                 if self.speaker is not None:
                     self.speaker.resume()
+                if (held := self.runs.get(action.attempt)) is not None:
+                    held.gate.release()
             elif isinstance(action, act.ContinueTurn):
                 run = self.runs[action.attempt]
                 run.gate.join_next(action.hold)  # its speech joins the next turn; its reply is dropped

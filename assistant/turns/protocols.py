@@ -123,6 +123,8 @@ class ReplyGate:
         self.hold_speech = False
         self.reason = DiscardReason.SPEECH_RESUMED
         self.claim_audio = claim_audio
+        self._free = threading.Event()  # cleared while speech over the reply is judged (hold)
+        self._free.set()
         # What the turn said, once transcribed: speech over its reply in the continuation
         # window is judged joined to it (:meth:`~assistant.turns.hearing.Hearing.transcribe_overlap`).
         self.said: Said | None = None
@@ -147,10 +149,22 @@ class ReplyGate:
         """
         self.joins_next, self.hold_speech = True, hold
 
+    def hold(self) -> None:
+        """Speech over the playing reply is being judged: the reply's generation waits.
+
+        On 2 cores the judge's Whisper pass shared the CPU with the reply's LLM and voice, and a
+        reply paused for "Okay." stayed silent 2.2 s in a user check; held, the judge has it.
+        """
+        self._free.clear()
+
+    def release(self) -> None:
+        """The speech was judged (no words, a backchannel): the reply's generation goes on."""
+        self._free.set()
+
     def wait(self, cancel: threading.Event) -> bool:
-        """Block until confirmed (True) or discarded / cancelled first (False)."""
-        while not self.confirmed.wait(0.02):
-            if cancel.is_set():
+        """Block until confirmed and not held (True), or discarded / cancelled first (False)."""
+        while not (self.confirmed.wait(0.02) and self._free.wait(0.02)):
+            if cancel.is_set() or self.discarded:
                 return False
         return not self.discarded
 
