@@ -162,11 +162,22 @@ class ReplyGate:
         self._free.set()
 
     def wait(self, cancel: threading.Event) -> bool:
-        """Block until confirmed and not held (True), or discarded / cancelled first (False)."""
-        while not (self.confirmed.wait(0.02) and self._free.wait(0.02)):
-            if cancel.is_set() or self.discarded:
+        """Block until confirmed (True) or discarded / cancelled first (False)."""
+        while not self.confirmed.wait(0.02):
+            if cancel.is_set():
                 return False
         return not self.discarded
+
+    def paced(self, cancel: threading.Event) -> bool:
+        """Block while :meth:`hold` holds the reply's generation; False once cancelled or discarded.
+
+        Only the generation waits here: a reply stopped while held (cancelled) is still
+        confirmed and recorded as interrupted, with what was heard.
+        """
+        while not self._free.wait(0.02):
+            if cancel.is_set() or self.discarded:
+                return False
+        return True
 
     def may_play(self) -> bool:
         """Whether the next piece of audio may go to the speaker now."""

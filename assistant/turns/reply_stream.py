@@ -40,8 +40,8 @@ def stream_reply(
             emit(SentenceReady(turn, time.monotonic_ns(), index, sentence))
             say(index, sentence)
             index += 1
-        if index and not gate.wait(cancel):
-            break
+        if index and not (gate.wait(cancel) and gate.paced(cancel)):
+            break  # dropped, or stopped while speech over the reply was judged
     if not submitted:
         s = reply.stats
         emit(PromptSubmitted(turn, s.t_submit_ns, s.prompt_tokens, s.reused_tokens))

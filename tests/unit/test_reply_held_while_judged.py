@@ -22,9 +22,9 @@ from engines.base import GenerationStats, TokenChunk
 
 
 def waits(gate: ReplyGate, cancel: threading.Event) -> tuple[threading.Thread, list[bool]]:
-    """``gate.wait(cancel)`` on a thread of its own; its answer lands in the list."""
+    """``gate.paced(cancel)`` (where generation waits) on a thread of its own; its answer in the list."""
     answer: list[bool] = []
-    thread = threading.Thread(target=lambda: answer.append(gate.wait(cancel)))
+    thread = threading.Thread(target=lambda: answer.append(gate.paced(cancel)))
     thread.start()
     return thread, answer
 
@@ -48,6 +48,15 @@ def test_a_stop_or_the_user_going_on_ends_a_held_wait():
         cancel.set() if end == "cancel" else gate.discard()
         thread.join(2)
         assert answer == [False], end
+
+
+def test_a_reply_stopped_while_held_is_still_confirmed_so_its_heard_part_is_recorded():
+    """A barge-in on a held reply: the run's last wait (confirmed?) must not read the hold as a
+    discard, or the turn ends unrecorded (a CI run: the interrupted turn had no record)."""
+    gate, cancel = ReplyGate(), threading.Event()
+    gate.hold()
+    cancel.set()
+    assert gate.wait(cancel) is True
 
 
 class Tokens:
