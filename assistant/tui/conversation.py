@@ -58,6 +58,10 @@ class Conversation(VerticalScroll, can_focus=False):
         if widget is not None and widget.has_class("hearing"):
             self.drop_user(turn)
 
+    def said(self, text: str) -> None:
+        """Words of the user that are no turn of their own (a stop request over a reply)."""
+        self._add(Static(Text(f"you: {text}"), classes="user"))
+
     def user(self, turn: int, text: str) -> None:
         """The final transcript (or typed text) of ``turn``."""
         widget = self._user.get(turn) or self._add(Static(classes="user"))

@@ -133,7 +133,9 @@ class TurnFold:
         elif isinstance(event, ReplyResumed):
             status.set(state="speaking")
         elif isinstance(event, OverlapHeard) and event.verdict is OverlapVerdict.STOP:
-            conversation.user(event.overlap_turn, f"{event.text} [stop: not answered]")
+            # No turn: a lone "Stop." too short to be one leaves its number to the next speech.
+            conversation.drop_hearing(event.overlap_turn)
+            conversation.said(f"{event.text} [stop: not answered]")
         elif isinstance(event, OverlapHeard) and event.verdict in NOTHING_TO_ANSWER:
             conversation.drop_hearing(event.overlap_turn)  # its "(hearing…)" line
         events = self.turn_events.get(event.turn_id)

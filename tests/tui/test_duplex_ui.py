@@ -138,6 +138,11 @@ async def test_speech_over_a_reply_that_is_no_words_or_stop_leaves_no_hearing_li
         await post(app, pilot, [OverlapHeard(1, base + 3700 * MS, 3, "Please stop.", OverlapVerdict.STOP)])
         shown = screen_text(app)
         assert "(hearing…)" not in shown and "you: Please stop. [stop: not answered]" in shown, shown
+        # A lone "Stop." too short to be a turn leaves its number to the next question (a user
+        # check: its line was overwritten by that question's words).
+        await post(app, pilot, [TranscriptReady(3, base + 9000 * MS, "What about Rome?", 60.0)])
+        shown = screen_text(app)
+        assert "you: Please stop. [stop: not answered]" in shown and "you: What about Rome?" in shown, shown
 
 
 @pytest.mark.asyncio
