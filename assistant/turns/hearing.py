@@ -193,9 +193,10 @@ class Hearing:
         """
         result = self.transcriber.transcribe(audio, quick=True)
         text = result.text.strip()
-        stop = result.no_speech_prob < OVERLAP_NO_SPEECH and judge(text) in (OverlapVerdict.STOP, *also)
-        verdict = judge(text).value if stop else "ignored"
-        logger.info("heard %r over the reply before the residual gate (%s)", text, verdict)
+        verdict = judge(text)
+        stop = result.no_speech_prob < OVERLAP_NO_SPEECH and verdict in (OverlapVerdict.STOP, *also)
+        outcome = verdict.value if stop else "ignored"
+        logger.info("heard %r over the reply before the residual gate (%s)", text, outcome)
         return text if stop else ""
 
 
