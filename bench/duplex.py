@@ -12,8 +12,9 @@ Each configuration runs the real app (``assistant run --no-tui``) on the private
 3. paused questions: the first half, the reply starts, 0.2 s later the second half: the share
    of the second half's words in no transcript (words lost), and voice-to-voice of the answer;
 4. backchannels: a long question, then "Uh-huh.", "Okay.", "Right.", "Yeah." or "Mm-hmm." 1.0 s
-   into its reply (inside the continuation window; ``--backchannels`` picks others): how long
-   the reply stayed paused, and whether it was cut instead of resumed.
+   into its reply (inside the continuation window; ``--backchannels`` picks others,
+   ``--backchannel-at`` another time: 2.6 is after the window): how long the reply stayed
+   paused, and whether it was cut instead of resumed.
 
 ``--parts`` runs some of them (default all). The spoken parts' replies are ``--max-new-tokens``
 long (default 60; the app's own default, 160, keeps generating while the user speaks over them).
@@ -182,19 +183,25 @@ def paused(app: App, result: dict, k: int, _long: Path, _germany: Path, halves: 
         result["v2v_ms"].append(v2v)
 
 
-def backchannel_part(phrases: tuple[str, ...]) -> Callable:
-    """Part 4 with these backchannels, one per trial in turn."""
+def backchannel_part(phrases: tuple[str, ...], at_s: float) -> Callable:
+    """Part 4 with these backchannels, one per trial in turn, ``at_s`` into the reply."""
 
     def backchannel(app: App, result: dict, k: int, long_q: Path, _germany: Path, _halves: list) -> None:
-        """A long question; 1.0 s into its reply a backchannel: how long the reply holds, or is it cut."""
+        """A long question; ``at_s`` into its reply a backchannel: how long the reply holds, or is it cut."""
         text = phrases[k % len(phrases)]
         wav = utterance(long_q.parent, text, f"backchannel{k % len(phrases)}")
-        mark, turn = over_its_reply(app, long_q, 1.0, wav)
+        mark, turn = over_its_reply(app, long_q, at_s, wav)
         ev = [e for e in app.events()[mark:] if e["turn_id"] == turn]
         resumed = [e["paused_ms"] for e in ev if e["event"] == "ReplyResumed"]
         heard = [f"{e['text']!r} ({e['verdict']})" for e in ev if e["event"] == "OverlapHeard"]
         cancelled = app.records().get(turn, {}).get("cancelled", "")
-        if cancelled:
+        ended = next((e["t_ns"] for e in ev if e["event"] == "PlaybackEnded"), None)
+        later = [e for e in app.events()[mark:] if e["event"] == "SpeechOnset" and e["turn_id"] > turn]
+        onsets = [e["t_ns"] for e in later]
+        if not resumed and not cancelled and ended is not None and any(t > ended for t in onsets):
+            # a reply shorter than ``at_s`` (after a cut one, SmolLM2 may repeat its few words)
+            result["failed"].append(f"backchannel {k}: {text} began after the reply ended")
+        elif cancelled:
             result["backchannel_cut"].append(f"{text} heard as {', '.join(heard)}: {cancelled}")
         elif resumed:  # the backchannel's pause (a long reply may pause again later, for its echo)
             result["backchannel_paused_ms"].append(resumed[0])
@@ -277,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backchannels", default=",".join(BACKCHANNELS), help="part 4's phrases, comma-separated, in turn"
     )
+    parser.add_argument(
+        "--backchannel-at", type=float, default=1.0, help="seconds into the reply part 4's phrase begins"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=60, help="the spoken parts' reply length")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -308,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 (
                     "backchannel",
                     paused_flags,
-                    backchannel_part(phrases),
+                    backchannel_part(phrases, args.backchannel_at),
                     ("backchannel_paused_ms", "backchannel_cut"),
                 ),
             ):
