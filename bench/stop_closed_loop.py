@@ -1,8 +1,9 @@
-"""A lone "Stop." over a reply's echo, in closed loop: how a faster reaction would change what is heard.
+"""A lone "Stop." (or other words) over a reply's echo, in closed loop: what the judge makes of it.
 
 The app's capture path without its threads or devices (real AEC3, Silero VAD, tiny.en and the
 overlap judge, ``Hearing.transcribe_overlap``), on a reply and the word spoken by espeak-ng in
-four voices, the word 2.0-4.0 s into the reply. The reply's echo reaches the microphone as on
+four voices (``--piper``: the Piper voice at four rates), the word 2.0-4.0 s into the reply
+(after the continuation window: judged alone). The reply's echo reaches the microphone as on
 the echo rig (60 ms, -13 dB, a reflection 23 ms later at -19 dB), optionally with the rig's clock
 drift. The reply stops ``pause_ms`` after the endpointer's ``SpeechOnset`` (the app: ~15-50 ms
 to carry out the pause plus the output buffer, 64 ms), which needs ``onset_ms`` of speech
@@ -10,6 +11,8 @@ to carry out the pause plus the output buffer, 64 ms), which needs ``onset_ms`` 
 long the echo sounded after the word began (the live app on the rig: 420-560 ms):
 
     python -m bench.stop_closed_loop --settings 96:100,32:50,32:20 --json docs/results/stop-closed-loop.json
+
+``--words`` judges other words too ("Go on.", "Okay."): each word's verdicts are counted.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 import soundfile
 
 from assistant.config import ModelSettings
-from assistant.config.sections import EchoOptions, VadOptions
+from assistant.config.sections import EchoOptions, TtsOptions, VadOptions
 from assistant.events import OnsetEnded, OverlapVerdict, SpeechOnset, SpeechPaused
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.echo import EchoCanceller, load_processor
@@ -42,6 +45,7 @@ VOICES: dict[str, dict[str, Any]] = {
     "gb": {"voice": "en-gb"},
     "slow": {"speed_wpm": 130},
 }
+PIPER_RATES = {"piper-150": 150, "piper-175": 175, "piper-210": 210, "piper-240": 240}  # wpm
 BLOCK = 512  # the microphone's 32 ms blocks
 WARM_S = 5.0  # the reply plays this long before the first trial's window (as the probe and earlier replies)
 ECHO = ((60, 10 ** (-13 / 20)), (83, 10 ** (-19 / 20)))  # (delay ms, gain) of each path
@@ -86,12 +90,30 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
     return "(not heard as speech)", None
 
 
+def spoken_word(folder: Path, text: str, voices: str) -> dict[str, np.ndarray]:
+    """``text`` in each voice, with 0.2 s of silence before it (as ``utterance`` writes it)."""
+    if voices == "espeak":
+        paths = {v: utterance(folder, text, f"w{len(text)}-{text[:4]}-{v}", **kw) for v, kw in VOICES.items()}
+        return {v: soundfile.read(path, dtype="float32")[0] for v, path in paths.items()}
+    from assistant.stages.tts_piper import PiperSynthesizer
+
+    store, pad = ModelStore(ModelSettings().store_dir), np.zeros(SAMPLE_RATE_HZ // 5, np.float32)
+    words = {}
+    for v, wpm in PIPER_RATES.items():
+        with PiperSynthesizer(TtsOptions(engine="piper", rate_wpm=wpm), store) as piper:
+            words[v] = np.concatenate([pad, piper.synthesize(text), pad])
+    return words
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default="96:100", help="ONSET_MS:PAUSE_MS pairs, ',' between")
     parser.add_argument(
         "--drift", type=float, default=1e-4, help="echo delay growth (the rig: 1e-4, 0.1 ms a second)"
     )
+    parser.add_argument("--words", default="Stop.", help="the words said over the reply, '|' between")
+    parser.add_argument("--piper", action="store_true", help="the Piper voice at four rates, not espeak-ng")
+    parser.add_argument("--onsets", type=int, default=9, help="onsets per voice, 0.25 s apart from 2.0 s")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     asr = Transcriber(AsrOptions(device="cpu", cpu_threads=2), ModelStore(ModelSettings().store_dir))
@@ -99,22 +121,30 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="stop-loop-"))
     reply = soundfile.read(utterance(folder, REPLY, "reply"), dtype="float32")[0]
     reply = np.concatenate([reply, reply])  # the first time through converges the canceller
-    words = {v: soundfile.read(utterance(folder, "Stop.", f"stop-{v}", **kw), dtype="float32")[0]
-             for v, kw in VOICES.items()}  # fmt: skip
-    results = {}
-    print("| onset (ms) | pause after it (ms) | stop heard | echo after the word began, median (ms) |")
-    print("|---:|---:|---:|---:|")
+    said = [w.strip() for w in args.words.split("|") if w.strip()]
+    spoken = {w: spoken_word(folder, w, "piper" if args.piper else "espeak") for w in said}
+    verdicts = [v.value for v in OverlapVerdict] + ["unheard"]
+    results: dict[str, dict[str, list]] = {}
+    echo_column = "echo after the word began, median (ms)"
+    print("| onset (ms) | pause after it (ms) | words | " + " | ".join(verdicts) + f" | {echo_column} |")
+    print("|---:|---:|---|" + "---:|" * (len(verdicts) + 1))
     for setting in args.settings.split(","):
         onset_ms, pause_ms = map(int, setting.split(":"))
-        rows, stops, echo_ms = [], 0, []
-        for voice, word in words.items():
-            for onset_s in [WARM_S + 2.0 + 0.25 * k for k in range(9)]:
-                text, sounded = trial(hearing, reply, word, onset_s, onset_ms, pause_ms, args.drift)
-                rows.append({"voice": voice, "onset_s": onset_s - WARM_S, "heard": text, "echo_ms": sounded})
-                stops += judge(text) is OverlapVerdict.STOP
-                echo_ms += [sounded] if sounded is not None else []
-        print(f"| {onset_ms} | {pause_ms} | {stops}/{len(rows)} | {np.median(echo_ms):.0f} |")
-        results[setting] = rows
+        results[setting] = {}
+        for text, words in spoken.items():
+            rows, counts, echo_ms = [], dict.fromkeys(verdicts, 0), []
+            for voice, word in words.items():
+                for onset_s in [WARM_S + 2.0 + 0.25 * k for k in range(args.onsets)]:
+                    heard, sounded = trial(hearing, reply, word, onset_s, onset_ms, pause_ms, args.drift)
+                    verdict = "unheard" if sounded is None and heard.startswith("(") else judge(heard).value
+                    rows.append({"voice": voice, "onset_s": onset_s - WARM_S, "heard": heard,
+                                 "verdict": verdict, "echo_ms": sounded})  # fmt: skip
+                    counts[verdict] += 1
+                    echo_ms += [sounded] if sounded is not None else []
+            cells = " | ".join(f"{counts[v]}/{len(rows)}" for v in verdicts)
+            echo = f"{np.median(echo_ms):.0f}" if echo_ms else "-"
+            print(f"| {onset_ms} | {pause_ms} | {text} | {cells} | {echo} |")
+            results[setting][text] = rows
     if args.json:
         write_results(args.json, args, results=results)
     return 0

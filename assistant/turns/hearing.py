@@ -150,13 +150,17 @@ class Hearing:
         ``min_words_ms``) can only stop the reply or let it go on, so it is transcribed ungated
         alone, and its words count only as a stop request or a backchannel (not scored against
         the stop phrases): gated, a lone "Stop." was also heard as "time." (words, so not looked
-        at again) in a user check on the echo rig.
+        at again) in a user check on the echo rig; when the ungated words are neither, the
+        gated ones are transcribed too and count only as a stop request.
         """
         if ungated is not None and np.array_equal(ungated, audio):
             ungated = None  # the gate left it alone (a headset): nothing more to hear in it
         with self.lock:
             if short and said is None and ungated is not None:
-                return Overheard(self._stop_in(ungated, OverlapVerdict.BACKCHANNEL))
+                # the gated view still counts as a stop request: a lone "Stop." read "Stop."
+                # there and "Scott." ungated (a Piper voice on the closed-loop bench)
+                words = self._stop_in(ungated, OverlapVerdict.BACKCHANNEL) or self._stop_in(audio, gated=True)
+                return Overheard(words)
             if said is not None:
                 whole = self.transcriber.transcribe(joined(said.audio, audio))
                 text, doubtful = rest_after(said.text, whole.text), False
@@ -186,17 +190,19 @@ class Hearing:
                     return Overheard(stop)
         return Overheard(text, whole)
 
-    def _stop_in(self, audio: np.ndarray, *also: OverlapVerdict) -> str:
+    def _stop_in(self, audio: np.ndarray, *also: OverlapVerdict, gated: bool = False) -> str:
         """The words of ``audio`` if they ask to stop (or are ``also``), else nothing.
 
-        The caller holds the lock.
+        ``gated``: ``audio`` is the residual gate's view (else the view before it), for the
+        log. The caller holds the lock.
         """
         result = self.transcriber.transcribe(audio, quick=True)
         text = result.text.strip()
         verdict = judge(text)
         stop = result.no_speech_prob < OVERLAP_NO_SPEECH and verdict in (OverlapVerdict.STOP, *also)
         outcome = verdict.value if stop else "ignored"
-        logger.info("heard %r over the reply before the residual gate (%s)", text, outcome)
+        view = "after" if gated else "before"
+        logger.info("heard %r over the reply %s the residual gate (%s)", text, view, outcome)
         return text if stop else ""
 
 

@@ -22,6 +22,10 @@ BACKCHANNELS = frozenset(
         "aha", "cool", "nice", "alright", "all right", "uh", "um", "huh", "wow", "true",
         "exactly", "indeed", "great", "good", "thanks", "thank you", "thank you very much",
         "thank you so much",
+        # Asking it to go on is listening too: the reply resumes ("Go on." was answered as a
+        # question, or scored as "Hold on." and stopped, over the reply on the echo rig).
+        "go on", "keep going", "continue", "carry on", "go ahead", "please continue",
+        "continue please", "please go on", "go on please", "please go ahead",
     }
 )  # fmt: skip
 # What Whisper writes for a hum or a breath it cannot place (its best-known inventions).

@@ -453,7 +453,7 @@ class MishearingTranscriber:
     ("text", "scores", "heard"),
     [
         ("Please come.", {"Please come.": -0.5, "Please stop.": -0.9}, "Please stop."),
-        ("Please continue.", {"Please continue.": -0.4, "Please stop.": -3.8}, "Please continue."),
+        ("Please come here.", {"Please come here.": -0.4, "Please stop.": -3.8}, "Please come here."),
         ("What about Rome?", {"What about Rome?": -0.3}, "What about Rome?"),
     ],
 )

@@ -83,14 +83,30 @@ def test_without_the_ungated_speech_no_words_are_no_words():
     [
         ("time.", "Stop.", "Stop."),  # a user check: the gated "Stop." read "time." (words)
         ("Okay.", "Okay.", "Okay."),  # a backchannel stays one
-        ("", "That is it.", ""),  # leftover echo: no words, and never scored as "Stop it."
-        ("Tell me.", "Tell me about it.", ""),
     ],
 )
-def test_speech_too_short_to_take_the_floor_is_judged_ungated_alone(gated, ungated, heard):
+def test_speech_too_short_to_take_the_floor_is_judged_ungated_first(gated, ungated, heard):
     asr = TwoViews(gated, ungated)
     assert Hearing(asr, lambda _e: None).transcribe_overlap(GATED, None, UNGATED, short=True).text == heard
     assert asr.heard == ["ungated"]
+
+
+@pytest.mark.parametrize(
+    ("gated", "ungated", "heard"),
+    [
+        ("Stop.", "Scott.", "Stop."),  # a Piper "Stop." on the closed-loop bench
+        ("Stop.", "", "Stop."),
+        ("", "That is it.", ""),  # leftover echo: no words, and never scored as "Stop it."
+        ("Tell me.", "Tell me about it.", ""),
+        ("Okay.", "", ""),  # the gated view counts only as a stop request: the reply resumes either way
+    ],
+)
+def test_short_speech_with_no_verdict_ungated_is_a_stop_request_only_if_the_gated_words_are_one(
+    gated, ungated, heard
+):
+    asr = TwoViews(gated, ungated)
+    assert Hearing(asr, lambda _e: None).transcribe_overlap(GATED, None, UNGATED, short=True).text == heard
+    assert asr.heard == ["ungated", "gated"]
 
 
 def test_speech_the_gate_left_alone_is_not_transcribed_twice():
