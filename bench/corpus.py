@@ -200,6 +200,9 @@ OPEN_QUESTIONS: list[str] = [
     "How far away is the moon?",
 ]
 WARM_UP = "Hello, who are you?"
+# A reply whose echo a word is said over, offline (bench.stop_closed_loop and
+# tests/integration/test_stop_over_the_echo.py).
+ECHO_REPLY = "Paris has been a centre of learning and the arts for centuries, and its history is long."
 
 # Typed questions for the UI overhead benchmark (bench.ui).
 UI_QUESTIONS: list[str] = [

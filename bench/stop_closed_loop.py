@@ -34,11 +34,11 @@ from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.duplex import AudioTail
 from assistant.turns.hearing import Hearing
 from assistant.turns.overlap_words import judge
+from bench.corpus import ECHO_REPLY as REPLY
 from bench.duplex_rig import utterance
 from bench.results import write_results
 from store.bundled import ModelStore
 
-REPLY = "Paris has been a centre of learning and the arts for centuries, and its history is long."
 VOICES: dict[str, dict[str, Any]] = {
     "us": {},
     "fast": {"speed_wpm": 200},

@@ -269,7 +269,13 @@ class AudioTail:
             behind = max(0, round((self._end_ns - t_end_ns) * SAMPLE_RATE_HZ / 1e9))
             if not self._blocks or behind + samples > self._size:
                 return None
-            kept = np.concatenate(self._blocks)
+            newest, held = [], 0  # only the newest blocks that hold the span, not all 10 s
+            for block in reversed(self._blocks):
+                newest.append(block)
+                held += block.size
+                if held >= behind + samples:
+                    break
+            kept = np.concatenate(newest[::-1])
         return kept[kept.size - behind - samples : kept.size - behind]
 
 

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +19,17 @@ from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.hearing import Overheard
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import Said
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Speech over ``turn``'s reply waiting for its words (:meth:`SideTranscripts.judge`)."""
+
+    turn: int
+    audio: np.ndarray
+    said: Said | None
+    ungated: np.ndarray | None
+    short: bool
 
 
 class SideTranscripts:
@@ -28,9 +40,7 @@ class SideTranscripts:
         self.heard = heard
         self.partials: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=1)
         self.partial_thread = threading.Thread(target=self._partial_worker, name="partial-asr")
-        self.judgements: queue.Queue[tuple[int, np.ndarray, Said | None, np.ndarray | None, bool] | None] = (
-            queue.Queue()
-        )
+        self.judgements: queue.Queue[Judgement | None] = queue.Queue()
         self.judge_thread = threading.Thread(target=self._judge_worker, name="overlap-asr")
 
     def start(self, partials: bool) -> None:
@@ -65,7 +75,7 @@ class SideTranscripts:
         ``ungated``: the same speech before the echo canceller's residual gate, if kept;
         ``short``: too short to take the floor (:meth:`Hearing.transcribe_overlap`).
         """
-        self.judgements.put((turn, audio, said, ungated, short))
+        self.judgements.put(Judgement(turn, audio, said, ungated, short))
 
     def stop(self) -> None:
         """End and join both threads."""
@@ -79,7 +89,6 @@ class SideTranscripts:
             self.pipeline.hearing.partial_transcript(*item)
 
     def _judge_worker(self) -> None:
-        while (item := self.judgements.get()) is not None:
-            turn, audio, said, ungated, short = item
-            overheard = self.pipeline.hearing.transcribe_overlap(audio, said, ungated, short)
-            self.heard(turn, overheard, time.monotonic_ns())
+        while (job := self.judgements.get()) is not None:
+            overheard = self.pipeline.hearing.transcribe_overlap(job.audio, job.said, job.ungated, job.short)
+            self.heard(job.turn, overheard, time.monotonic_ns())

@@ -25,6 +25,7 @@ from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.duplex import AudioTail
 from assistant.turns.hearing import Hearing
 from assistant.turns.overlap_words import judge
+from bench.corpus import ECHO_REPLY as REPLY
 from bench.duplex_rig import utterance
 from store.bundled import ModelStore
 from tests.helpers.echo import echo_of
@@ -32,7 +33,6 @@ from tests.helpers.echo import echo_of
 pytest.importorskip("livekit")
 pytestmark = pytest.mark.slow
 
-REPLY = "Paris has been a centre of learning and the arts for centuries, and its history is long."
 BLOCK = 512  # the microphone's 32 ms blocks
 PLAYS_ON_S = 0.3  # the reply's sound after the word began
 
