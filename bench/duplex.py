@@ -78,13 +78,21 @@ class App(LiveApp):
             os.chdir(cwd)
 
 
-def echo_only(env: dict, folder: Path, checkout: Path | None, replies: int, flags: list[str]) -> dict:
-    app = App(env, folder, checkout, "--max-new-tokens", "10", *flags)
+def echo_only(
+    env: dict, folder: Path, checkout: Path | None, replies: int, flags: list[str], tokens: int = 10
+) -> dict:
+    """``replies`` typed questions answered aloud in ``tokens``-token replies; nobody speaks.
+
+    Short replies (10 tokens) are many replies in little time; long ones (160, the app's
+    default) play while the rest of the reply is still being generated, on the same cores.
+    """
+    app = App(env, folder, checkout, "--max-new-tokens", str(tokens), *flags)
+    question = "Name a colour, number {}." if tokens <= 10 else "Tell me about the history of city number {}."
     try:
         app.wait_line("listening on", 300)
         for i in range(replies):
-            app.ask(f"Name a colour, number {i + 1}.")
-        deadline = time.monotonic() + 60 + 8 * replies
+            app.ask(question.format(i + 1))
+        deadline = time.monotonic() + 60 + (8 + tokens // 4) * replies
         while sum(e["event"] == "TurnDone" for e in app.events()) < replies and time.monotonic() < deadline:
             time.sleep(0.3)
     finally:
@@ -277,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code before (with its .venv)")
     parser.add_argument("--replies", type=int, default=20)
+    parser.add_argument(
+        "--echo-tokens", type=int, default=10, help="part 1's reply length (160: the app's default)"
+    )
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--delay-ms", type=int, default=60)
     parser.add_argument("--gain-db", type=float, default=-13)
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             echo = {"replies": 0, "false_interruptions": 0, "speech_heard": 0, "erle_db": []}
             if "echo" in parts:
                 print(f"{name}: echo only, {args.replies} replies", file=sys.stderr)
-                echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags)
+                echo = echo_only(env, work / "echo", checkout, args.replies, echo_flags, args.echo_tokens)
             talk = talk_result(args.trials)
             for part, flags, fn, keys in (
                 ("barge", barge_flags, barge_in, ("reactions_ms", "answered")),
