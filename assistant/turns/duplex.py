@@ -35,6 +35,11 @@ PROBE_DBFS = -24.0
 PROBE_TAIL_NS = 300_000_000  # the probe's echo and room tail, after it left the speaker
 PROBE_WAIT_S = 3.0  # at most this long for the speaker to write the probe out
 UNSUPPRESSED_S = 10  # how much of the canceller's ungated output is kept for the overlap judge
+# The echo delay this far from where the canceller converged: the echo path moved and AEC3 has
+# lost it for a while (a 40 ms move slewed over 2 s: 8-16 dB ERLE for ~3 s; replies paused for
+# their own echo on the echo rig). Clock drift (~0.1 ms a second) is followed, FOLLOW_MS a look.
+MOVED_MS = 15.0
+FOLLOW_MS = 1.0
 
 
 def probe_signal(seconds: float = PROBE_S, dbfs: float = PROBE_DBFS) -> np.ndarray:
@@ -81,6 +86,8 @@ class Duplex:
         self._far_frames = 0  # the canceller's count at the last look
         self._erles: list[float] = []  # ERLE of the windows while the far end played, since report()
         self._no_echo: bool | None = None  # what the last full-duplex report said of the echo path
+        self._delay_ref: float | None = None  # the echo delay the canceller is converged at (ms)
+        self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
         self._unsuppressed = AudioTail(UNSUPPRESSED_S)  # the canceller's output before the residual gate
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
@@ -215,7 +222,9 @@ class Duplex:
         if stats.far_frames > self._far_frames and stats.erle_db is not None:
             self._erles.append(stats.erle_db)  # the far end played since the last look
         self._far_frames = stats.far_frames
-        if not stats.converged:
+        if self.full_duplex and self._moved(stats):
+            return
+        if not stats.converged or not self._settled(stats):
             return
         assert self.canceller is not None
         below = self.canceller.options.converged_below_db
@@ -224,6 +233,7 @@ class Duplex:
         if self.full_duplex and no_echo == self._no_echo:
             return  # reported already; said again when an echo path appears (or goes) mid-session
         self.full_duplex, self._no_echo = True, no_echo
+        self._delay_ref = stats.delay_ms
         if no_echo:
             reason = f"full duplex: no echo heard ({stats.echo_loss_db:.0f} dB under the speaker)"
             self.emit(EchoState(0, _now(), True, reason, None, None))
@@ -234,6 +244,43 @@ class Duplex:
         reason = f"full duplex: echo cancelled ({erle}{delay})"
         logger.info("%s", reason)
         self.emit(EchoState(0, _now(), True, reason, stats.erle_db, stats.delay_ms))
+
+    def _moved(self, stats: EchoStats) -> bool:
+        """Whether the echo path moved away from where the canceller converged; then half duplex.
+
+        The delay is the lag of the microphone's correlation with what the speaker played, so
+        the user talking over a reply (which lowers the ERLE as a lost canceller does) leaves it
+        where it was. Half duplex until the canceller has converged again (:meth:`_settled`).
+        """
+        if self._no_echo or stats.delay_ms is None:
+            return False
+        if self._delay_ref is None:
+            self._delay_ref = stats.delay_ms
+        gap = stats.delay_ms - self._delay_ref
+        if abs(gap) < MOVED_MS:
+            self._delay_ref += float(np.clip(gap, -FOLLOW_MS, FOLLOW_MS))  # drift: followed
+            return False
+        reason = (
+            f"half duplex: the echo path moved (delay {self._delay_ref:.0f} -> {stats.delay_ms:.0f} ms)"
+            " until echo cancellation converges again"
+        )
+        logger.info("%s", reason)
+        self.full_duplex, self._moved_at, self._delay_ref = False, stats.far_frames, None
+        self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
+        return True
+
+    def _settled(self, stats: EchoStats) -> bool:
+        """Whether the convergence window holds only far-end audio played since the echo path moved.
+
+        Until then its earlier frames, cancelled before the move, still say converged.
+        """
+        if self._moved_at is None:
+            return True
+        assert self.canceller is not None
+        if stats.far_frames - self._moved_at < self.canceller.options.window_ms // 10:
+            return False
+        self._moved_at = None
+        return True
 
 
 class AudioTail:

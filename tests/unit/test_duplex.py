@@ -227,3 +227,58 @@ def test_start_plays_the_probe_itself_when_it_was_not_played_and_waits_for_it(cl
     duplex = Duplex(canceller(), "on", speaker, mic)  # type: ignore[arg-type]
     duplex.start(lambda _event: None)
     assert len(speaker.played) == 1 and mic.starts == 1 and not duplex.probing(clock["now"])
+
+
+def moving_room(far: np.ndarray, delay_ms: np.ndarray, gain_db: float = -13) -> np.ndarray:
+    """:func:`room` whose delay changes sample by sample (``delay_ms`` per sample)."""
+    src = np.arange(len(far)) - (delay_ms * 16).astype(int)
+    out = np.zeros_like(far)
+    ok = src >= 0
+    out[ok] = 10 ** (gain_db / 20) * far[src[ok]]
+    return out
+
+
+def modes(events: list[Event]) -> list[tuple[bool, str]]:
+    return [(e.full_duplex, e.reason) for e in events if isinstance(e, EchoState)]
+
+
+def test_an_echo_path_that_moves_goes_half_duplex_until_the_canceller_has_it_again() -> None:
+    """60 ms, then slewed to 100 ms over 2 s (as the echo rig's loopback does), then 100 ms.
+
+    AEC3 loses such an echo for seconds (8-16 dB ERLE); full duplex meanwhile, replies paused
+    for their own echo in a UI check on the rig. Half duplex until it has converged again.
+    """
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    reply = probe_signal(12.0, -20)
+    t = np.arange(len(reply)) / 16000
+    near = moving_room(reply, np.clip(60 + (t - 4) * 20, 60, 100))
+    moved: list[float] = []  # when each mode change came (s into the reply)
+    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
+        before = len(events)
+        cleaned(duplex, speaker, reply[i : i + BLOCK], near[i : i + BLOCK], t0=10**12 + i // BLOCK * BLOCK_NS)
+        moved += [i / 16000] * (len(events) - before)
+    got = modes(events)
+    assert [m[0] for m in got] == [False, True, False, True], got
+    assert "echo path moved" in got[2][1] and "-> " in got[2][1], got
+    assert moved[0] < 4 < moved[1] < 6 < moved[2], moved  # lost during the move, back after it
+    assert duplex.full_duplex
+
+
+@pytest.mark.parametrize("kind", ["user talking over it", "clock drift"])
+def test_an_echo_path_that_stays_keeps_full_duplex(kind: str) -> None:
+    """The user's voice over a reply does not move the echo's delay; drift is followed."""
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    reply = probe_signal(12.0, -20)
+    t = np.arange(len(reply)) / 16000
+    if kind == "clock drift":
+        near = moving_room(reply, 60 + t * 0.5)  # 0.5 ms a second: 6 ms over the reply
+    else:
+        near = room(reply)
+        voice = np.random.default_rng(5).standard_normal(6 * 16000)  # not the reply, 2-3x louder
+        near[3 * 16000 : 9 * 16000] += 0.1 * np.convolve(voice, np.ones(4) / 4, mode="same")
+    cleaned(duplex, speaker, reply, near, t0=10**12)
+    assert [m[0] for m in modes(events)] == [False, True], modes(events)
