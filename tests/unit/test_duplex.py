@@ -71,10 +71,12 @@ class ScriptedMicrophone:
             return None
 
 
-def room(far: np.ndarray, delay_ms: float = 60, gain_db: float = -13) -> np.ndarray:
-    d = int(delay_ms * 16)
+def room(far: np.ndarray, delay_ms: float | np.ndarray = 60, gain_db: float = -13) -> np.ndarray:
+    """``far`` at the microphone ``delay_ms`` later (one delay, or one per sample: a moving path)."""
+    src = np.arange(len(far)) - (np.broadcast_to(delay_ms, far.shape) * 16).astype(int)
     out = np.zeros_like(far)
-    out[d:] = 10 ** (gain_db / 20) * far[: len(far) - d]
+    ok = src >= 0
+    out[ok] = 10 ** (gain_db / 20) * far[src[ok]]
     return out
 
 
@@ -229,15 +231,6 @@ def test_start_plays_the_probe_itself_when_it_was_not_played_and_waits_for_it(cl
     assert len(speaker.played) == 1 and mic.starts == 1 and not duplex.probing(clock["now"])
 
 
-def moving_room(far: np.ndarray, delay_ms: np.ndarray, gain_db: float = -13) -> np.ndarray:
-    """:func:`room` whose delay changes sample by sample (``delay_ms`` per sample)."""
-    src = np.arange(len(far)) - (delay_ms * 16).astype(int)
-    out = np.zeros_like(far)
-    ok = src >= 0
-    out[ok] = 10 ** (gain_db / 20) * far[src[ok]]
-    return out
-
-
 def modes(events: list[Event]) -> list[tuple[bool, str]]:
     return [(e.full_duplex, e.reason) for e in events if isinstance(e, EchoState)]
 
@@ -253,7 +246,7 @@ def test_an_echo_path_that_moves_goes_half_duplex_until_the_canceller_has_it_aga
     duplex.start(events.append)
     reply = probe_signal(12.0, -20)
     t = np.arange(len(reply)) / 16000
-    near = moving_room(reply, np.clip(60 + (t - 4) * 20, 60, 100))
+    near = room(reply, np.clip(60 + (t - 4) * 20, 60, 100))
     moved: list[float] = []  # when each mode change came (s into the reply)
     for i in range(0, len(reply) - BLOCK + 1, BLOCK):
         before = len(events)
@@ -275,7 +268,7 @@ def test_an_echo_path_that_stays_keeps_full_duplex(kind: str) -> None:
     reply = probe_signal(12.0, -20)
     t = np.arange(len(reply)) / 16000
     if kind == "clock drift":
-        near = moving_room(reply, 60 + t * 0.5)  # 0.5 ms a second: 6 ms over the reply
+        near = room(reply, 60 + t * 0.5)  # 0.5 ms a second: 6 ms over the reply
     else:
         near = room(reply)
         voice = np.random.default_rng(5).standard_normal(6 * 16000)  # not the reply, 2-3x louder
