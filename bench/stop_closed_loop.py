@@ -13,6 +13,10 @@ long the echo sounded after the word began (the live app on the rig: 420-560 ms)
     python -m bench.stop_closed_loop --settings 96:100,32:50,32:20 --json docs/results/stop-closed-loop.json
 
 ``--words`` judges other words too ("Go on.", "Okay."): each word's verdicts are counted.
+``--views linear,aec3`` runs each trial with what the judge hears beside the gated speech as
+the app has it (the echo removed by a linear fit alone) and as it had it before (AEC3's output
+before the residual gate). The echo's delay drifts by a fraction of a sample as the rig's
+loopback resamples.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from assistant.config.sections import EchoOptions, TtsOptions, VadOptions
 from assistant.events import OnsetEnded, OverlapVerdict, SpeechOnset, SpeechPaused
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.echo import EchoCanceller, load_processor
+from assistant.stages.echo_linear import AudioTail, EchoTrack, fractional_read
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
-from assistant.turns.duplex import AudioTail
 from assistant.turns.hearing import Hearing
 from assistant.turns.overlap_words import judge
 from bench.corpus import ECHO_REPLY as REPLY
@@ -52,8 +56,13 @@ ECHO = ((60, 10 ** (-13 / 20)), (83, 10 ** (-19 / 20)))  # (delay ms, gain) of e
 
 
 def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float, onset_ms: int,
-          pause_ms: int, drift: float) -> tuple[str, float | None]:  # fmt: skip
-    """What the judge heard, and how long the echo sounded after the word began (ms)."""
+          pause_ms: int, drift: float, view: str = "linear") -> tuple[str, float | None]:  # fmt: skip
+    """What the judge heard, and how long the echo sounded after the word began (ms).
+
+    ``view``: what the judge gets beside the gated speech: ``linear`` (the app's: the echo
+    removed by a linear fit alone) or ``aec3`` (AEC3's output before the residual gate, as
+    before 2026-12-07).
+    """
     onset = int(onset_s * SAMPLE_RATE_HZ)
     n = onset + 2 * SAMPLE_RATE_HZ
     far = np.pad(reply, (0, max(0, n - reply.size)))[:n].copy()
@@ -63,31 +72,49 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
     mic = np.zeros(n, np.float32)
     options = EchoOptions(enabled="on")
     canceller = EchoCanceller(options, load_processor(options))
-    endpointer, ungated = Endpointer(VadOptions(onset_ms=onset_ms)), AudioTail(10)
+    endpointer, ungated, track = Endpointer(VadOptions(onset_ms=onset_ms)), AudioTail(10), EchoTrack(10)
     cut: int | None = None  # the far-end sample where the reply stops
     for i in range(0, n - BLOCK + 1, BLOCK):
         if cut is not None:
             far[max(i, cut) : i + BLOCK] = 0.0
         idx = np.arange(i, i + BLOCK)
         for delay_ms, gain in ECHO:  # the echo path, its delay growing with the drift
-            src = idx - int(delay_ms * 16) - (drift * idx).astype(int)
+            src = idx - delay_ms * 16 - drift * idx  # the rig's loopback resamples: a fraction of a sample
             heard = src >= 0
-            mic[idx[heard]] += gain * far[src[heard]]
+            mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
         t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
         canceller.play(far[i : i + BLOCK], t_ns)
         out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
         t_end_ns = t_ns + (out.audio.size - 1) * 62_500
         ungated.add(out.audio, t_end_ns)
+        track.add(out.near, out.far, t_end_ns)
         for event in endpointer.feed(out.vad, t_end_ns):
             if isinstance(event, SpeechOnset) and cut is None:
                 cut = i + BLOCK + pause_ms * 16
             if isinstance(event, OnsetEnded | SpeechPaused):
-                view = ungated.span(event.t_ns, event.audio.size)
+                if view == "aec3":
+                    beside = ungated.span(event.t_ns, event.audio.size)
+                else:
+                    span = track.span(event.t_ns, event.audio.size)
+                    beside = span.cleaned() if span is not None else None
                 short = isinstance(event, OnsetEnded) or event.audio.size < SAMPLE_RATE_HZ // 2
-                text = hearing.transcribe_overlap(event.audio, None, view, short).text
+                text = hearing.transcribe_overlap(event.audio, None, beside, short).text
                 sounded = (cut + int(ECHO[-1][0] * 16) - onset) / 16 if cut is not None else None
                 return text, sounded
     return "(not heard as speech)", None
+
+
+def judged(hearing: Hearing, reply: np.ndarray, words: dict[str, np.ndarray], onsets: int,
+           setting: tuple[int, int, float, str]) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per voice and onset: what the judge heard and its verdict (``setting``: :func:`trial`'s)."""
+    rows = []
+    for voice, word in words.items():
+        for onset_s in [WARM_S + 2.0 + 0.25 * k for k in range(onsets)]:
+            heard, sounded = trial(hearing, reply, word, onset_s, *setting)
+            verdict = "unheard" if sounded is None and heard.startswith("(") else judge(heard).value
+            rows.append({"voice": voice, "onset_s": onset_s - WARM_S, "heard": heard,
+                         "verdict": verdict, "echo_ms": sounded})  # fmt: skip
+    return rows
 
 
 def spoken_word(folder: Path, text: str, voices: str) -> dict[str, np.ndarray]:
@@ -114,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", default="Stop.", help="the words said over the reply, '|' between")
     parser.add_argument("--piper", action="store_true", help="the Piper voice at four rates, not espeak-ng")
     parser.add_argument("--onsets", type=int, default=9, help="onsets per voice, 0.25 s apart from 2.0 s")
+    parser.add_argument(
+        "--views",
+        default="linear",
+        help="what the judge hears beside the gated speech, ',' between: linear (the app's), aec3 (before)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     asr = Transcriber(AsrOptions(device="cpu", cpu_threads=2), ModelStore(ModelSettings().store_dir))
@@ -126,25 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = [v.value for v in OverlapVerdict] + ["unheard"]
     results: dict[str, dict[str, list]] = {}
     echo_column = "echo after the word began, median (ms)"
-    print("| onset (ms) | pause after it (ms) | words | " + " | ".join(verdicts) + f" | {echo_column} |")
-    print("|---:|---:|---|" + "---:|" * (len(verdicts) + 1))
+    head = "| onset (ms) | pause after it (ms) | view | words | " + " | ".join(verdicts)
+    print(f"{head} | {echo_column} |")
+    print("|---:|---:|---|---|" + "---:|" * (len(verdicts) + 1))
     for setting in args.settings.split(","):
         onset_ms, pause_ms = map(int, setting.split(":"))
-        results[setting] = {}
-        for text, words in spoken.items():
-            rows, counts, echo_ms = [], dict.fromkeys(verdicts, 0), []
-            for voice, word in words.items():
-                for onset_s in [WARM_S + 2.0 + 0.25 * k for k in range(args.onsets)]:
-                    heard, sounded = trial(hearing, reply, word, onset_s, onset_ms, pause_ms, args.drift)
-                    verdict = "unheard" if sounded is None and heard.startswith("(") else judge(heard).value
-                    rows.append({"voice": voice, "onset_s": onset_s - WARM_S, "heard": heard,
-                                 "verdict": verdict, "echo_ms": sounded})  # fmt: skip
-                    counts[verdict] += 1
-                    echo_ms += [sounded] if sounded is not None else []
-            cells = " | ".join(f"{counts[v]}/{len(rows)}" for v in verdicts)
-            echo = f"{np.median(echo_ms):.0f}" if echo_ms else "-"
-            print(f"| {onset_ms} | {pause_ms} | {text} | {cells} | {echo} |")
-            results[setting][text] = rows
+        for view in args.views.split(","):
+            results[f"{setting} {view}"] = {}
+            for text, words in spoken.items():
+                rows = judged(hearing, reply, words, args.onsets, (onset_ms, pause_ms, args.drift, view))
+                cells = " | ".join(f"{sum(r['verdict'] == v for r in rows)}/{len(rows)}" for v in verdicts)
+                echo_ms = [r["echo_ms"] for r in rows if r["echo_ms"] is not None]
+                echo = f"{np.median(echo_ms):.0f}" if echo_ms else "-"
+                print(f"| {onset_ms} | {pause_ms} | {view} | {text} | {cells} | {echo} |", flush=True)
+                results[f"{setting} {view}"][text] = rows
     if args.json:
         write_results(args.json, args, results=results)
     return 0

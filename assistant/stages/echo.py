@@ -40,17 +40,21 @@ RESIDUAL_TAIL_MS = 100  # the room's tail after the echo's delay, for the residu
 
 
 class Cancelled(NamedTuple):
-    """Near-end audio after the canceller, in whole 10 ms frames: two views of the same samples.
+    """Near-end audio after the canceller, in whole 10 ms frames, and what went in.
 
     ``vad`` is what the app listens to (VAD, Smart Turn, ASR): AEC3's output with the frames of
     leftover echo silenced (the residual gate), or the microphone as it is where nothing that
-    could echo was played. ``audio`` is the same without the gate: the gate also silences the
-    soft start of a word said over the reply (the "s" and "t" of "Stop."), so the judge of
-    speech over a reply looks for a stop request in it (``Duplex.unsuppressed``).
+    could echo was played. ``audio`` is the same without the gate. ``near`` is the microphone
+    as it came in and ``far`` what the speaker played lined up with it, sample by sample: AEC3
+    and the gate also suppress the soft start of a word said over the reply (the "s" and "t"
+    of "Stop."), so the judge of such speech hears it with the echo removed by a linear fit
+    alone (:mod:`assistant.stages.echo_linear`, ``Duplex.unsuppressed``).
     """
 
     audio: np.ndarray
     vad: np.ndarray
+    near: np.ndarray
+    far: np.ndarray
 
 
 class EchoUnavailable(RuntimeError):
@@ -193,8 +197,8 @@ class EchoCanceller:
     def process(self, samples: np.ndarray, t_ns: int) -> Cancelled:
         """Cancel the echo in near-end ``samples`` captured from ``t_ns``; float32 out.
 
-        Returns the whole 10 ms frames completed so far (:class:`Cancelled`: ungated, and with
-        leftover echo silenced): up to 159 samples wait for the next
+        Returns the whole 10 ms frames completed so far (:class:`Cancelled`: ungated, with
+        leftover echo silenced, and what went in): up to 159 samples wait for the next
         block, so the output runs up to 10 ms behind the input. Blocks follow each other by
         their sample count; one whose time is more than :data:`NEAR_GAP_SAMPLES` off (blocks
         were dropped) starts a new timeline position (what was pending is dropped).
@@ -210,16 +214,17 @@ class EchoCanceller:
         else:
             self._pending = np.concatenate([self._pending, pcm])
         frames = len(self._pending) // FRAME_SAMPLES
-        audio = np.empty(frames * FRAME_SAMPLES, np.float32)
-        vad = np.empty(frames * FRAME_SAMPLES, np.float32)
+        out = Cancelled(*(np.empty(frames * FRAME_SAMPLES, np.float32) for _ in range(4)))
         for i in range(frames):
             s = slice(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)
-            audio[s], vad[s] = self._frame(self._pending[s], self._next + i * FRAME_SAMPLES)
+            out.audio[s], out.vad[s], out.near[s], out.far[s] = self._frame(
+                self._pending[s], self._next + i * FRAME_SAMPLES
+            )
         self._pending = self._pending[frames * FRAME_SAMPLES :]
         self._next += frames * FRAME_SAMPLES
-        return Cancelled(audio, vad)
+        return out
 
-    def _frame(self, near: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    def _frame(self, near: np.ndarray, start: int) -> Cancelled:
         far = self._far_frame(start)
         rtc = self._rtc
         self._apm.process_reverse_stream(rtc.AudioFrame(far.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES))
@@ -238,8 +243,8 @@ class EchoCanceller:
             if self._far_frames % (ECHO_FREE_EVERY_FRAMES if self.echo_free else DELAY_EVERY_FRAMES) == 0:
                 self._estimate_delay()
         if self.echo_free:
-            return near_f, near_f
-        return self._gate_residual(out, near_f)
+            return Cancelled(near_f, near_f, near_f, far_f)
+        return Cancelled(*self._gate_residual(out, near_f), near_f, far_f)
 
     def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ungated, gated): the gated view has what is left of the echo silenced.

@@ -13,6 +13,7 @@ import numpy as np
 
 from assistant.events import BargeIn, Event, ReplyPaused
 from assistant.stages.audio import AudioSink
+from assistant.stages.echo_linear import EchoSpan
 from assistant.turns import actions as act
 from assistant.turns.runs import TurnRuns
 from assistant.turns.side_asr import SideTranscripts
@@ -22,8 +23,8 @@ class Carrier:
     """Carries out actions on the turn ``runs``, the ``speaker``, the ``side`` ASR threads and ``emit``.
 
     ``started(turn_id)`` is told of each turn run started (the device watch names it);
-    ``unsuppressed(t_end_ns, samples)`` gives speech over a reply as the echo canceller gave it,
-    before its residual gate (:meth:`~assistant.turns.duplex.Duplex.unsuppressed`).
+    ``unsuppressed(t_end_ns, samples)`` gives speech over a reply and the echo before it, for
+    an echo removal without suppression (:meth:`~assistant.turns.duplex.Duplex.unsuppressed`).
     """
 
     def __init__(
@@ -33,7 +34,7 @@ class Carrier:
         side: SideTranscripts,
         emit: Callable[[Event], None],
         started: Callable[[int], None],
-        unsuppressed: Callable[[int, int], np.ndarray | None] | None = None,
+        unsuppressed: Callable[[int, int], EchoSpan | None] | None = None,
     ) -> None:
         self.runs = runs
         self.speaker = speaker

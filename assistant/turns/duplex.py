@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from assistant.events import EchoState, Event
 from assistant.stages.audio import SAMPLE_RATE_HZ, Microphone, Speaker, resample
 from assistant.stages.devices import DeviceLostError
 from assistant.stages.echo import EchoCanceller, EchoStats
+from assistant.stages.echo_linear import EchoSpan, EchoTrack
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ PROBE_S = 0.8  # the window the convergence is judged on (0.5 s) needs whole far
 PROBE_DBFS = -24.0
 PROBE_TAIL_NS = 300_000_000  # the probe's echo and room tail, after it left the speaker
 PROBE_WAIT_S = 3.0  # at most this long for the speaker to write the probe out
-UNSUPPRESSED_S = 10  # how much of the canceller's ungated output is kept for the overlap judge
+UNSUPPRESSED_S = 10  # how much of the raw microphone and far end is kept for the overlap judge
 # The echo delay this far from where the canceller converged: the echo path moved and AEC3 has
 # lost it for a while (a 40 ms move slewed over 2 s: 8-16 dB ERLE for ~3 s; replies paused for
 # their own echo on the echo rig). Clock drift (~0.1 ms a second) is followed, FOLLOW_MS a look.
@@ -88,7 +88,7 @@ class Duplex:
         self._no_echo: bool | None = None  # what the last full-duplex report said of the echo path
         self._delay_ref: float | None = None  # the echo delay the canceller is converged at (ms)
         self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
-        self._unsuppressed = AudioTail(UNSUPPRESSED_S)  # the canceller's output before the residual gate
+        self._unsuppressed = EchoTrack(UNSUPPRESSED_S)  # what went into the canceller
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
 
@@ -188,20 +188,25 @@ class Duplex:
         first_ns = t_ns - int((samples.size - 1) * 1e9 / SAMPLE_RATE_HZ) - mic_latency
         out = canceller.process(samples, first_ns)
         behind_ns = int(canceller.pending_samples * 1e9 / SAMPLE_RATE_HZ)
-        self._unsuppressed.add(out.audio, t_ns - behind_ns)
+        self._unsuppressed.add(out.near, out.far, t_ns - behind_ns)
         self._blocks += 1
         if self._blocks % CHECK_EVERY_BLOCKS == 0:
             self._check()
         return out.vad, t_ns - behind_ns
 
-    def unsuppressed(self, t_end_ns: int, samples: int) -> np.ndarray | None:
-        """The ``samples`` ending at ``t_end_ns`` as the canceller gave them, before the residual gate.
+    def unsuppressed(self, t_end_ns: int, samples: int) -> EchoSpan | None:
+        """The ``samples`` ending at ``t_end_ns`` for an echo removal without suppression.
 
-        What :meth:`clean` passes on has the canceller's leftover echo silenced, and with it the
-        soft start of a word said over the reply (the "s" and "t" of "Stop."): this is the same
-        stretch with them. ``None`` without a canceller or when the stretch is no longer kept.
+        What :meth:`clean` passes on has AEC3's suppression and the residual gate in it, which
+        also take the soft start of a word said over the reply (the "s" and "t" of "Stop."):
+        :meth:`EchoSpan.cleaned <assistant.stages.echo_linear.EchoSpan.cleaned>` gives the same
+        stretch with the echo subtracted by a linear fit alone. ``None`` without a canceller,
+        with no echo path (a headset: the microphone passed as it was), or when the stretch is
+        no longer kept.
         """
-        return self._unsuppressed.span(t_end_ns, samples) if self.canceller is not None else None
+        if self.canceller is None or self.canceller.echo_free:
+            return None
+        return self._unsuppressed.span(t_end_ns, samples)
 
     def _feed_far_end(self, until_ns: int) -> None:
         """Hand the canceller what the speaker played up to ``until_ns``.
@@ -281,49 +286,6 @@ class Duplex:
             return False
         self._moved_at = None
         return True
-
-
-class AudioTail:
-    """The last ``seconds`` of a 16 kHz stream, added block by block and read back by time.
-
-    The blocks follow each other sample by sample (the canceller's output); each comes with the
-    time of its last sample. Written by the capture thread, read by the turn engine's.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self._blocks: deque[np.ndarray] = deque()
-        self._size = 0
-        self._keep = int(seconds * SAMPLE_RATE_HZ)
-        self._end_ns = 0  # the time of the newest sample
-        self._lock = threading.Lock()
-
-    def add(self, samples: np.ndarray, t_end_ns: int) -> None:
-        """Append ``samples``, the last of which is from ``t_end_ns``; forget what is too old."""
-        if not samples.size:
-            return
-        with self._lock:
-            self._blocks.append(samples)
-            self._size += samples.size
-            self._end_ns = t_end_ns
-            while self._size - self._blocks[0].size >= self._keep:
-                self._size -= self._blocks.popleft().size
-
-    def span(self, t_end_ns: int, samples: int) -> np.ndarray | None:
-        """The ``samples`` whose last is the one from ``t_end_ns`` (``None`` if not all are kept)."""
-        with self._lock:
-            # Newer samples after it (none when ``t_end_ns`` is the time of a decision made after
-            # the newest sample: an end of turn's, which includes the turn model's inference).
-            behind = max(0, round((self._end_ns - t_end_ns) * SAMPLE_RATE_HZ / 1e9))
-            if not self._blocks or behind + samples > self._size:
-                return None
-            newest, held = [], 0  # only the newest blocks that hold the span, not all 10 s
-            for block in reversed(self._blocks):
-                newest.append(block)
-                held += block.size
-                if held >= behind + samples:
-                    break
-            kept = np.concatenate(newest[::-1])
-        return kept[kept.size - behind - samples : kept.size - behind]
 
 
 def _nowhere(_event: Event) -> None:

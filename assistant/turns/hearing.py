@@ -140,18 +140,21 @@ class Hearing:
         (:func:`~assistant.turns.overlap_words.spotted_stop`): the canceller's double-talk suppression
         turned "Please stop." into "Please come.".
 
-        ``ungated``: the same speech before the echo canceller's residual gate. A lone "Stop."
-        said over the reply has its "s" and "t" under the gate, and tiny.en hears nothing in
-        the rest; in the ungated audio it hears "Stop.", "Top." or "Up.". So when the gated
-        speech has no words, the ungated speech is transcribed too, and counts only as a stop
-        request: anything else in it may be the reply's leftover echo, which the gate is there
-        to keep out (a resumed reply's echo, paused at a false onset, read "Tell me about it."
-        and "That is it." there). Speech too ``short`` to take the floor (under the rules'
-        ``min_words_ms``) can only stop the reply or let it go on, so it is transcribed ungated
-        alone, and its words count only as a stop request or a backchannel (not scored against
-        the stop phrases): gated, a lone "Stop." was also heard as "time." (words, so not looked
-        at again) in a user check on the echo rig; when the ungated words are neither, the
-        gated ones are transcribed too and count only as a stop request.
+        ``ungated``: the same speech with the echo removed by a linear fit alone, nothing
+        suppressed (:meth:`~assistant.stages.echo_linear.EchoSpan.cleaned`). A lone "Stop."
+        said over the reply has its "s" and "t" under AEC3's suppression and the residual gate,
+        and tiny.en hears nothing in the rest; in the linear view it hears "Stop." (AEC3's
+        output before the gate, the view before this one, read "Top." or "Up."). So when the
+        gated speech has no words, the ungated speech is transcribed too, and counts only as a
+        stop request: anything else in it may be the reply's leftover echo, which the gate is
+        there to keep out (a resumed reply's echo, paused at a false onset, read "Tell me about
+        it." and "That is it." in AEC3's ungated output). Speech too ``short`` to take the
+        floor (under the rules' ``min_words_ms``) can only stop the reply or let it go on, so
+        it is transcribed ungated alone, and its words count only as a stop request or a
+        backchannel (not scored against the stop phrases): gated, a lone "Stop." was also heard
+        as "time." (words, so not looked at again) in a user check on the echo rig; when the
+        ungated words are neither, the gated ones are transcribed too and count only as a stop
+        request.
         """
         if ungated is not None and np.array_equal(ungated, audio):
             ungated = None  # the gate left it alone (a headset): nothing more to hear in it

@@ -43,14 +43,14 @@ def run(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> n
 
 
 def run_both(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> Cancelled:
-    """:func:`run`, both views of the output: ungated and gated."""
+    """:func:`run`, every view of the output: ungated, gated, and what went in."""
     out = []
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
         if far is not None:
             canceller.play(far[i : i + BLOCK], t_ns)
         out.append(canceller.process(near[i : i + BLOCK], t_ns))
-    return Cancelled(np.concatenate([o.audio for o in out]), np.concatenate([o.vad for o in out]))
+    return Cancelled(*(np.concatenate([o[k] for o in out]) for k in range(len(Cancelled._fields))))
 
 
 def energy_db(x: np.ndarray) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from assistant.stages.asr import TranscriptResult
-from assistant.turns.duplex import AudioTail
+from assistant.stages.echo_linear import AudioTail
 from assistant.turns.hearing import Hearing
 
 RATE = 16000
