@@ -84,10 +84,11 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
             mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
         t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
         canceller.play(far[i : i + BLOCK], t_ns)
+        track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
         out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
         t_end_ns = t_ns + (out.audio.size - 1) * 62_500
         ungated.add(out.audio, t_end_ns)
-        track.add(out.near, out.far, t_end_ns)
+        track.add_near(out.near, t_end_ns)
         for event in endpointer.feed(out.vad, t_end_ns):
             if isinstance(event, SpeechOnset) and cut is None:
                 cut = i + BLOCK + pause_ms * 16

@@ -40,21 +40,19 @@ RESIDUAL_TAIL_MS = 100  # the room's tail after the echo's delay, for the residu
 
 
 class Cancelled(NamedTuple):
-    """Near-end audio after the canceller, in whole 10 ms frames, and what went in.
+    """Near-end audio after the canceller, in whole 10 ms frames, and the microphone that went in.
 
     ``vad`` is what the app listens to (VAD, Smart Turn, ASR): AEC3's output with the frames of
     leftover echo silenced (the residual gate), or the microphone as it is where nothing that
     could echo was played. ``audio`` is the same without the gate. ``near`` is the microphone
-    as it came in and ``far`` what the speaker played lined up with it, sample by sample: AEC3
-    and the gate also suppress the soft start of a word said over the reply (the "s" and "t"
-    of "Stop."), so the judge of such speech hears it with the echo removed by a linear fit
-    alone (:mod:`assistant.stages.echo_linear`, ``Duplex.unsuppressed``).
+    as it came in: AEC3 and the gate also suppress the soft start of a word said over the
+    reply (the "s" and "t" of "Stop."), so the judge of such speech hears it with the echo
+    removed by a linear fit alone (:mod:`assistant.stages.echo_linear`, ``Duplex.unsuppressed``).
     """
 
     audio: np.ndarray
     vad: np.ndarray
     near: np.ndarray
-    far: np.ndarray
 
 
 class EchoUnavailable(RuntimeError):
@@ -214,10 +212,10 @@ class EchoCanceller:
         else:
             self._pending = np.concatenate([self._pending, pcm])
         frames = len(self._pending) // FRAME_SAMPLES
-        out = Cancelled(*(np.empty(frames * FRAME_SAMPLES, np.float32) for _ in range(4)))
+        out = Cancelled(*(np.empty(frames * FRAME_SAMPLES, np.float32) for _ in Cancelled._fields))
         for i in range(frames):
             s = slice(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)
-            out.audio[s], out.vad[s], out.near[s], out.far[s] = self._frame(
+            out.audio[s], out.vad[s], out.near[s] = self._frame(
                 self._pending[s], self._next + i * FRAME_SAMPLES
             )
         self._pending = self._pending[frames * FRAME_SAMPLES :]
@@ -243,8 +241,8 @@ class EchoCanceller:
             if self._far_frames % (ECHO_FREE_EVERY_FRAMES if self.echo_free else DELAY_EVERY_FRAMES) == 0:
                 self._estimate_delay()
         if self.echo_free:
-            return Cancelled(near_f, near_f, near_f, far_f)
-        return Cancelled(*self._gate_residual(out, near_f), near_f, far_f)
+            return Cancelled(near_f, near_f, near_f)
+        return Cancelled(*self._gate_residual(out, near_f), near_f)
 
     def _gate_residual(self, out: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ungated, gated): the gated view has what is left of the echo silenced.

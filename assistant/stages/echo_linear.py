@@ -133,16 +133,26 @@ def fractional_read(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 class EchoTrack:
-    """The last ``seconds`` of the raw microphone and of the far end lined up with it, block by block."""
+    """The last ``seconds`` of the raw microphone and of what the speaker played, each as a stream.
+
+    Each is added block by block with the time of its last sample, and read back by sample
+    count from the newest (:class:`AudioTail`): the speaker's blocks follow each other with no
+    gap whatever their callbacks' times say (they jitter by milliseconds, and a fit needs the
+    far end whole to the sample), so only the span's place in time comes from the clock; the
+    echo's delay is found in the fit.
+    """
 
     def __init__(self, seconds: float) -> None:
         self._near = AudioTail(seconds)
         self._far = AudioTail(seconds)
 
-    def add(self, near: np.ndarray, far: np.ndarray, t_end_ns: int) -> None:
-        """Append a block of the microphone and the far end lined up with it (last sample at ``t_end_ns``)."""
-        self._near.add(near, t_end_ns)
-        self._far.add(far, t_end_ns)
+    def add_near(self, samples: np.ndarray, t_end_ns: int) -> None:
+        """Append a block of the microphone, whose last sample is from ``t_end_ns``."""
+        self._near.add(samples, t_end_ns)
+
+    def add_far(self, samples: np.ndarray, t_end_ns: int) -> None:
+        """Append a block the speaker played (16 kHz), whose last sample leaves it at ``t_end_ns``."""
+        self._far.add(samples, t_end_ns)
 
     def span(self, t_end_ns: int, samples: int) -> EchoSpan | None:
         """The ``samples`` ending at ``t_end_ns`` and the stretch the fit needs before them."""

@@ -188,7 +188,7 @@ class Duplex:
         first_ns = t_ns - int((samples.size - 1) * 1e9 / SAMPLE_RATE_HZ) - mic_latency
         out = canceller.process(samples, first_ns)
         behind_ns = int(canceller.pending_samples * 1e9 / SAMPLE_RATE_HZ)
-        self._unsuppressed.add(out.near, out.far, t_ns - behind_ns)
+        self._unsuppressed.add_near(out.near, t_ns - behind_ns)
         self._blocks += 1
         if self._blocks % CHECK_EVERY_BLOCKS == 0:
             self._check()
@@ -218,7 +218,9 @@ class Duplex:
         far, rate = self.speaker.far_end, self.speaker.rate_hz
         while far and far[0][1] <= until_ns:
             block, t_ns = far.popleft()
-            self.canceller.play(resample(block, rate, SAMPLE_RATE_HZ), t_ns)
+            played = resample(block, rate, SAMPLE_RATE_HZ)
+            self.canceller.play(played, t_ns)
+            self._unsuppressed.add_far(played, t_ns + (played.size - 1) * 1_000_000_000 // SAMPLE_RATE_HZ)
 
     def _check(self) -> None:
         stats = self.stats()

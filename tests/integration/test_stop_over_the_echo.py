@@ -56,9 +56,10 @@ def overheard(far: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, np.ndarray
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = t0 + i * 1_000_000_000 // SAMPLE_RATE_HZ
         canceller.play(far[i : i + BLOCK], t_ns)
+        track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
         out = canceller.process(near[i : i + BLOCK], t_ns)
         t_end_ns = t_ns + (out.audio.size - 1) * 62_500  # as Duplex.clean times what it passes on
-        track.add(out.near, out.far, t_end_ns)
+        track.add_near(out.near, t_end_ns)
         for event in endpointer.feed(out.vad, t_end_ns):
             if isinstance(event, OnsetEnded | SpeechPaused):  # what the overlap is judged on
                 span = track.span(event.t_ns, event.audio.size)

@@ -275,3 +275,31 @@ def test_an_echo_path_that_stays_keeps_full_duplex(kind: str) -> None:
         near[3 * 16000 : 9 * 16000] += 0.1 * np.convolve(voice, np.ones(4) / 4, mode="same")
     cleaned(duplex, speaker, reply, near, t0=10**12)
     assert [m[0] for m in modes(events)] == [False, True], modes(events)
+
+
+def test_a_word_over_the_reply_is_heard_whole_though_the_speakers_clock_jitters() -> None:
+    """``Duplex.unsuppressed``: the echo subtracted, the word kept, with the far end's times off by ms.
+
+    The speaker callback stamps each block with its own clock, off by milliseconds from block to
+    block; the canceller's far-end timeline follows those times (AEC3 adapts), but the linear
+    fit needs the far end whole to the sample: with the canceller's far frames it removed ~5 dB.
+    """
+    rng = np.random.default_rng(5)
+    duplex = Duplex(canceller(), "on", ScriptedSpeaker(far_end=deque()), ScriptedMicrophone(), probe=False)  # type: ignore[arg-type]
+    speaker = duplex.speaker
+    assert isinstance(speaker, ScriptedSpeaker) and speaker.far_end is not None
+    reply = probe_signal(6.0, -20)
+    word = np.zeros_like(reply)
+    word[-16000:] = 0.03 * rng.standard_normal(16000).astype(np.float32)
+    near, t0 = room(reply) + word, 10**12
+    for k, i in enumerate(range(0, len(near) - BLOCK + 1, BLOCK)):
+        t = t0 + k * BLOCK_NS
+        speaker.far_end.append((reply[i : i + BLOCK], t + (k * 5 % 7 - 3) * 1_000_000))  # -3..3 ms off
+        duplex.clean(near[i : i + BLOCK], t + BLOCK_NS)
+    done = (len(near) // BLOCK) * BLOCK // 160 * 160  # whole 10 ms frames went through
+    span = duplex.unsuppressed(t0 + done * 62_500, 16000)  # the last second, the word
+    heard = span.cleaned() if span is not None else None
+    assert heard is not None
+    said, echo = word[done - 16000 : done], room(reply)[done - 16000 : done]
+    assert 10 * np.log10(np.sum(echo**2) / np.sum((heard - said) ** 2)) > 20
+    assert np.corrcoef(heard, said)[0, 1] > 0.99

@@ -39,12 +39,22 @@ def echo(far: np.ndarray, drift: float) -> np.ndarray:
     return out
 
 
+def jitter_ns(i: int) -> int:
+    """-3 to +3 ms: the time the speaker callback gives its block is off by that much."""
+    return (i // BLOCK * 5 % 7 - 3) * 1_000_000
+
+
 def tracked(near: np.ndarray, far: np.ndarray) -> EchoTrack:
-    """Both streams added block by block, each block with the time of its last sample."""
+    """Both streams added block by block, each block with the time of its last sample.
+
+    The far end's times jitter as the speaker callback's do (:func:`jitter_ns`): its blocks
+    still follow each other whole, which the fit needs to the sample.
+    """
     track = EchoTrack(10)
     for i in range(0, near.size, BLOCK):
         end = min(i + BLOCK, near.size)
-        track.add(near[i:end].astype(np.float32), far[i:end].astype(np.float32), T0_NS + (end - 1) * 62_500)
+        track.add_near(near[i:end].astype(np.float32), T0_NS + (end - 1) * 62_500)
+        track.add_far(far[i:end].astype(np.float32), T0_NS + (end - 1) * 62_500 + jitter_ns(i))
     return track
 
 
