@@ -196,16 +196,16 @@ class Hearing:
     def _stop_in(self, audio: np.ndarray, *also: OverlapVerdict, gated: bool = False) -> str:
         """The words of ``audio`` if they ask to stop (or are ``also``), else nothing.
 
-        ``gated``: ``audio`` is the residual gate's view (else the view before it), for the
-        log. The caller holds the lock.
+        ``gated``: ``audio`` is the residual gate's view (else the linear fit's), for the log.
+        The caller holds the lock.
         """
         result = self.transcriber.transcribe(audio, quick=True)
         text = result.text.strip()
         verdict = judge(text)
         stop = result.no_speech_prob < OVERLAP_NO_SPEECH and verdict in (OverlapVerdict.STOP, *also)
         outcome = verdict.value if stop else "ignored"
-        view = "after" if gated else "before"
-        logger.info("heard %r over the reply %s the residual gate (%s)", text, view, outcome)
+        view = "after the residual gate" if gated else "with the echo subtracted (linear fit)"
+        logger.info("heard %r over the reply %s (%s)", text, view, outcome)
         return text if stop else ""
 
 
