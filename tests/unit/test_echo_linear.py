@@ -91,3 +91,25 @@ def test_nothing_played_before_the_speech_gives_no_view() -> None:
 def test_a_span_older_than_the_track_keeps_is_none() -> None:
     track = tracked(np.zeros(3 * RATE), np.zeros(3 * RATE))
     assert track.span(T0_NS + (3 * RATE - 1) * 62_500, 2 * RATE) is None  # 2 s + the fit + the lead > 3 s
+
+
+@pytest.mark.parametrize("delay_ms", [2, 5, 60, 390])
+@pytest.mark.parametrize("speech_s", [0.1, 3.0])
+def test_any_echo_delay_the_fit_can_reach_and_any_speech_length_give_a_view_of_the_speech(
+    delay_ms: int, speech_s: float
+) -> None:
+    """From a microphone next to the speaker to the longest delay looked for.
+
+    An echo the streams' times put before its sound (a delay of 0 or less) is not fitted: the
+    view is then the microphone as it is (AEC3's own delay estimate on the rig: 12-60 ms).
+    """
+    rng = np.random.default_rng(6)
+    n, speech = SECONDS * RATE, int(speech_s * RATE)
+    far = speech_band(rng, n)
+    near = np.zeros(n)
+    d = delay_ms * RATE // 1000
+    near[d:] = 0.2 * far[: n - d]
+    span = tracked(near, far).span(T0_NS + (n - 1) * 62_500, speech)
+    cleaned = span.cleaned() if span is not None else None
+    assert cleaned is not None and cleaned.size == speech
+    assert db(near[-speech:], cleaned) > 20
