@@ -6,8 +6,8 @@ while the user talks over the reply it suppresses the soft start of their words 
 cleaned here by subtraction only. The echo path's impulse response is fitted by least squares
 over the second of echo before the speech, and the echo it predicts from what the speaker
 played is subtracted over the speech. Nothing is suppressed, so the consonants stay; the echo
-is 16-28 dB down on the echo rig: enough for tiny.en to read a word, not for the VAD, which
-keeps AEC3's output.
+is 16-28 dB down (the rig's echo, in closed loop): enough for tiny.en to read a word, not for
+the VAD, which keeps AEC3's output.
 
 The speaker's and the microphone's clocks drift apart (~0.1 ms a second on the echo rig, or
 two devices), and a fit one sample off removes only ~10 dB. The drift is measured over the two
@@ -38,7 +38,7 @@ FAR_ACTIVE = 10 ** (-50 / 10)  # far-end power (-50 dBFS) under which nothing pl
 
 @dataclass(frozen=True)
 class EchoSpan:
-    """The raw microphone and what the speaker played, lined up sample by sample.
+    """The raw microphone and what the speaker played, lined up in time to a few milliseconds.
 
     ``near`` holds the fitted stretch (:data:`FIT_S` + :data:`GAP_S`) and then the speech: its
     last ``samples``. ``far`` ends with it and starts :data:`LEAD_S` earlier (the echo's delay).
@@ -167,8 +167,9 @@ class EchoTrack:
 class AudioTail:
     """The last ``seconds`` of a 16 kHz stream, added block by block and read back by time.
 
-    The blocks follow each other sample by sample (the canceller's output); each comes with the
-    time of its last sample. Written by the capture thread, read by the turn engine's.
+    The blocks follow each other sample by sample (the microphone's, the speaker's, or the
+    canceller's output); each comes with the time of its last sample. Written by the capture
+    thread, read by the turn engine's.
     """
 
     def __init__(self, seconds: float) -> None:
