@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from assistant.stages.echo_linear import LEAD_S, EchoTrack, fractional_read
+from assistant.stages.echo_linear import LEAD_S, EchoTrack
+from tests.helpers.echo import echo_of
 
 RATE = 16000
 BLOCK = 512
@@ -27,16 +28,6 @@ def speech_band(rng: np.random.Generator, n: int) -> np.ndarray:
     low_pass = np.sinc(k / 4) / 4 * np.hanning(k.size)
     noise = np.convolve(rng.standard_normal(n), low_pass, "same") * 0.1
     return noise * (np.sin(2 * np.pi * 3 * np.arange(n) / RATE) > -0.3)
-
-
-def echo(far: np.ndarray, drift: float) -> np.ndarray:
-    """The rig's echo of ``far``: two taps whose delay grows by ``drift`` per sample."""
-    n = np.arange(far.size, dtype=np.float64)
-    out = np.zeros(far.size)
-    for delay_ms, gain_db in ((60, -13), (83, -19)):
-        at = n - delay_ms * RATE / 1000 - drift * n
-        out[at >= 8] += 10 ** (gain_db / 20) * fractional_read(far, at[at >= 8])
-    return out
 
 
 def jitter_ns(i: int) -> int:
@@ -69,7 +60,7 @@ def test_the_echo_under_a_word_is_removed_and_the_word_kept_whole(drift: float) 
     far = speech_band(rng, n)
     user = np.zeros(n)
     user[-SPEECH:] = 0.05 * rng.standard_normal(SPEECH)  # nothing suppresses it, consonants and all
-    echoed = echo(far, drift)
+    echoed = echo_of(far, drift=drift)
     span = tracked(echoed + user, far).span(T0_NS + (n - 1) * 62_500, SPEECH)
     assert span is not None and span.far.size == span.near.size + int(LEAD_S * RATE)
     cleaned = span.cleaned()
@@ -84,7 +75,7 @@ def test_nothing_played_before_the_speech_gives_no_view() -> None:
     n = SECONDS * RATE
     far = np.zeros(n)
     far[-SPEECH // 2 :] = speech_band(rng, SPEECH // 2)  # the reply began under the word
-    span = tracked(echo(far, 0.0) + 0.05 * rng.standard_normal(n), far).span(T0_NS + (n - 1) * 62_500, SPEECH)
+    span = tracked(echo_of(far) + 0.05 * rng.standard_normal(n), far).span(T0_NS + (n - 1) * 62_500, SPEECH)
     assert span is not None and span.cleaned() is None
 
 
