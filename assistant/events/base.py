@@ -23,6 +23,9 @@ class CancelReason(enum.StrEnum):
     # The user went on with the question while its reply started: the reply is dropped and
     # the question's speech joins the next turn, which answers the whole of it.
     CONTINUED = "continued"
+    # The microphone was closed (muted, paused) or gated as a reply began before the speech
+    # ended: the speech in progress was dropped; no reply.
+    NOT_HEARD = "not heard"
 
 
 class DiscardReason(enum.StrEnum):
@@ -31,6 +34,7 @@ class DiscardReason(enum.StrEnum):
     SPEECH_RESUMED = "speech resumed"  # the user went on after the pause
     CUT_FOR_LENGTH = "cut for length"  # the utterance was cut at ``max_utterance_s``: held, not answered
     MICROPHONE_LOST = "microphone lost"  # the rest of the utterance will not come
+    NOT_HEARD = "not heard"  # the microphone was closed or gated: the rest will not be heard
 
 
 @dataclass(frozen=True)

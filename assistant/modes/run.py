@@ -170,6 +170,11 @@ class ConsoleReporter:
             )
         elif isinstance(event, TurnCancelled) and event.reason == CancelReason.MICROPHONE_LOST:
             line = f"[turn {event.turn_id}] dropped: the microphone was lost while you spoke"
+        elif isinstance(event, TurnCancelled) and event.reason == CancelReason.NOT_HEARD:
+            line = (
+                f"[turn {event.turn_id}] dropped: not heard to its end (the microphone was muted, or"
+                " closed as a reply began in half duplex)"
+            )
         if line:
             with self.lock:
                 print(line, file=self.out, flush=True)

@@ -110,4 +110,7 @@ class Conversation(VerticalScroll, can_focus=False):
 
 
 CUT = ("interrupted", "continued")  # replies stopped while they played: the unplayed rest is struck
-CANCEL_MARKS = {"continued": "continued: you went on, answered with the next turn"}
+CANCEL_MARKS = {
+    "continued": "continued: you went on, answered with the next turn",
+    "not heard": "not heard to its end: the microphone was muted, or closed as a reply began",
+}

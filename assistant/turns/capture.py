@@ -1,9 +1,11 @@
 """The capture thread: microphone -> echo canceller -> level -> the engine's gate -> endpointer.
 
-:class:`~assistant.turns.live.LiveLoop` owns one. What the engine decides for a block (ignore
-it, restart the endpointer, feed it, feed it sealed) comes back through ``gate``; each event the
-endpointer makes goes to ``heard``. A lost microphone forgets the speech in progress once per
-loss and tells ``lost`` which turn it was; the device watch reports and reopens it.
+:class:`~assistant.turns.live.LiveLoop` owns one. What the engine decides for a block (forget
+the speech in progress, ignore it, restart the endpointer, feed it, feed it sealed) comes back
+through ``gate``; each event the endpointer makes goes to ``heard``. When the microphone stops
+being heard (closed, or gated as a reply plays) the speech in progress is forgotten and
+``unheard`` told which turn it was. A lost microphone does the same once per loss and tells
+``lost``; the device watch reports and reopens it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Capture:
         gate: Callable[[bool], MicBlock],
         heard: Callable[[Event], None],
         lost: Callable[[int], None],
+        unheard: Callable[[int], None],
         after_block: Callable[[], None],
         current_turn: Callable[[], int],
         on_level: Callable[[MicLevel], None] | None = None,
@@ -54,6 +57,7 @@ class Capture:
         self.gate = gate
         self.heard = heard
         self.lost = lost
+        self.unheard = unheard
         self.after_block = after_block
         self.current_turn = current_turn  # the turn a MicLevel belongs to
         self.on_level = on_level
@@ -68,7 +72,8 @@ class Capture:
             except DeviceLostError:
                 if not lost:  # once per loss; the watch reports it and reopens the device
                     lost = True
-                    self._drop_speech()
+                    self._forget_speech(self.lost)
+                    self.mic.drain()
                 self.stop_event.wait(0.1)
                 continue
             lost = False
@@ -82,6 +87,9 @@ class Capture:
                 level_due_ns = block[1] + LEVEL_EVERY_NS
                 self.on_level(MicLevel(self.current_turn(), block[1], level_db(block[0])))
             decision = self.gate(self.duplex is not None and self.duplex.probing(block[1]))
+            if decision is MicBlock.CLOSE:
+                self._forget_speech(self.unheard)
+                continue
             if decision is MicBlock.IGNORE:
                 continue
             if decision is MicBlock.RESTART:
@@ -96,13 +104,12 @@ class Capture:
                 self.heard(event)
             self.after_block()
 
-    def _drop_speech(self) -> None:
-        """The microphone was lost: forget the speech in progress, then tell the loop."""
+    def _forget_speech(self, tell: Callable[[int], None]) -> None:
+        """Forget the speech in progress, then ``tell`` the loop its turn (0: none)."""
         with self.ids:
             turn = self.endpointer.turn_id
             self.endpointer.reset()
-        self.mic.drain()
-        self.lost(turn)
+        tell(turn)
 
 
 def level_db(samples: np.ndarray) -> float:

@@ -19,7 +19,8 @@ The rules (docs/voice.md, "Turn taking" and "Speculation"):
 - Once the reply's first audio has played it is the assistant's floor. The microphone is
   heard while it plays only when echo cancellation has converged (``echo_ok``, full duplex)
   or barge-in is forced on (headsets); else it is gated (:meth:`TurnEngine.mic_block`), so
-  the assistant does not hear itself.
+  the assistant does not hear itself. Speech in progress when the microphone stops being heard
+  (gated, muted) is dropped (``not heard``), and nothing waits on it (:meth:`TurnEngine.unheard`).
 - Speech over the reply (:mod:`assistant.turns.overlap`), when barge-in is on (``auto``: while
   full duplex): its onset pauses the reply (:class:`PauseReply`); its transcript at its first
   pause decides. No words or a backchannel resume the reply where it stopped; "stop" stops it;
@@ -40,6 +41,9 @@ from assistant.events import (
     CancelReason,
     DiscardReason,
     Event,
+    OverlapHeard,
+    OverlapVerdict,
+    ReplyResumed,
     SpeculationConfirmed,
     SpeechEnded,
     SpeechOnset,
@@ -104,12 +108,19 @@ class TurnEngine(OverlapRules):
     # What happened
 
     def mic_block(self, closed: bool) -> MicBlock:
-        """A block was captured; ``closed``: the user muted or paused the microphone."""
+        """A block was captured; ``closed``: the user muted or paused the microphone.
+
+        The first block not heard is :attr:`MicBlock.CLOSE` (the caller then forgets the speech in
+        progress and calls :meth:`unheard`), the next ones :attr:`MicBlock.IGNORE`; the first one
+        heard again is :attr:`MicBlock.RESTART`.
+        """
         newest = self.attempts[-1] if self.attempts else None
         open_turn = newest is not None and not (newest.discarded or newest.audio_started)
         if closed or (self.speaking() and not self.hears_over_reply()):
+            if self._gated:
+                return MicBlock.IGNORE
             self._gated = True  # do not listen to ourselves
-            return MicBlock.IGNORE
+            return MicBlock.CLOSE
         if self._gated:
             self._gated = False
             return MicBlock.RESTART
@@ -176,22 +187,19 @@ class TurnEngine(OverlapRules):
         the speech held from length cuts, which is dropped too: the rest of that question will
         not come, and it must not be joined to the next one.
         """
-        self._partial_audio_ms = 0.0
-        turn = speech_turn or (held_turns[-1] if held_turns else 0)
-        actions: list[Action] = []
-        newest = self.attempts[-1] if self.attempts else None
-        if newest is not None and not newest.confirmed:
-            actions += self._discard(
-                newest, DiscardReason.MICROPHONE_LOST
-            )  # speculative: the rest will not come
-            turn = turn or newest.turn_id
-        if turn:
-            actions.append(Emit(TurnCancelled(turn, now_ns, CancelReason.MICROPHONE_LOST)))
-        ov, self.overlap = self.overlap, None
-        paused = self._find(ov.attempt) if ov is not None and not ov.ignored else None
-        if paused is not None and not paused.cancelled:
-            actions.append(ResumeReply(paused.id))  # nothing more will be heard to decide on
-        return actions
+        return self._drop_speech(speech_turn, held_turns, now_ns, CancelReason.MICROPHONE_LOST)
+
+    def unheard(self, speech_turn: int, held_turns: list[int], now_ns: int) -> list[Action]:
+        """The microphone stopped being heard (:attr:`MicBlock.CLOSE`): nothing may wait on it.
+
+        The user closed it (mute, pause), or a reply began in half duplex, also when the echo
+        path moved while the user spoke over a reply. The capture thread forgot the speech in
+        progress; as with a lost microphone (:meth:`microphone_lost`), a speculative run on it
+        is discarded, the turn cancelled (``not heard``) and a reply paused for speech over it
+        plays on. Before, that run waited for an end that would not come and the paused reply
+        for a verdict, and every later turn waited behind them.
+        """
+        return self._drop_speech(speech_turn, held_turns, now_ns, CancelReason.NOT_HEARD)
 
     def interrupt(self) -> list[Action]:
         """Stop the reply being generated or spoken (the part heard stays in the history)."""
@@ -228,6 +236,40 @@ class TurnEngine(OverlapRules):
     def _discard(self, attempt: Attempt, reason: DiscardReason) -> list[Action]:
         attempt.discarded = attempt.cancelled = True
         return [Discard(attempt.id, reason)]
+
+    def _drop_speech(
+        self, speech_turn: int, held_turns: list[int], now_ns: int, reason: CancelReason
+    ) -> list[Action]:
+        """The speech in progress and the held speech are gone (``reason``), and work started on them.
+
+        Speech over a reply is no turn until judged words: its reply plays on, nothing is cancelled.
+        """
+        self._partial_audio_ms = 0.0
+        over = self.overlap.turn_id if self.overlap is not None else 0
+        turn = speech_turn if speech_turn != over else 0
+        turn = turn or (held_turns[-1] if held_turns else 0)
+        actions: list[Action] = []
+        newest = self.attempts[-1] if self.attempts else None
+        if newest is not None and not newest.confirmed and not newest.discarded:
+            actions += self._discard(newest, DiscardReason(reason.value))  # the rest will not come
+            turn = turn or newest.turn_id
+        if turn:
+            actions.append(Emit(TurnCancelled(turn, now_ns, reason)))
+        return actions + self._let_overlap_go(now_ns)
+
+    def _let_overlap_go(self, now_ns: int) -> list[Action]:
+        """Speech over a reply will not be heard further: the reply held for it plays on."""
+        ov, self.overlap = self.overlap, None
+        if ov is None or ov.ignored:
+            return []
+        paused = self._find(ov.attempt)
+        if paused is None or paused.cancelled:
+            return []
+        return [
+            Emit(OverlapHeard(ov.reply_turn, now_ns, ov.turn_id, "", OverlapVerdict.NOISE)),
+            ResumeReply(paused.id),
+            Emit(ReplyResumed(ov.reply_turn, now_ns, (now_ns - ov.paused_t_ns) / 1e6)),
+        ]
 
     def _find(self, attempt_id: int) -> Attempt | None:
         return next((a for a in self.attempts if a.id == attempt_id), None)

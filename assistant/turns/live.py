@@ -96,6 +96,7 @@ class LiveLoop:
                 self._gate,
                 self._heard,
                 self._mic_lost,
+                self._unheard,
                 self._maybe_partial,
                 lambda: self.current_turn,
                 on_level,
@@ -159,6 +160,12 @@ class LiveLoop:
         held = self.pipeline.hearing.drop_held()
         with self.floor:
             self._apply(self.engine.microphone_lost(turn, held, time.monotonic_ns()))
+
+    def _unheard(self, turn: int) -> None:
+        """The microphone stopped being heard (closed, gated): turn ``turn``'s speech was forgotten."""
+        held = self.pipeline.hearing.drop_held()
+        with self.floor:
+            self._apply(self.engine.unheard(turn, held, time.monotonic_ns()))
 
     def _apply(self, actions: list[Action]) -> None:
         """Carry out the engine's actions (floor lock held)."""

@@ -57,7 +57,10 @@ class Attempt:
 class MicBlock(enum.Enum):
     """What to do with the microphone block just captured (:meth:`TurnEngine.mic_block`)."""
 
-    IGNORE = "ignore"  # closed, or the reply is playing and the microphone is gated
+    # The microphone stops being heard (closed, or gated as a reply plays): forget the speech
+    # in progress (reset the endpointer) and tell the engine (``TurnEngine.unheard``).
+    CLOSE = "close"
+    IGNORE = "ignore"  # still closed or gated
     RESTART = "restart"  # listening again: reset the endpointer, drain the microphone, skip this block
     FEED = "feed"  # feed it; the last turn is still open to more speech
     FEED_SEALED = "feed sealed"  # seal the endpointer first: new speech starts a new turn

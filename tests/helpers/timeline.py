@@ -87,6 +87,11 @@ class Script:
             self.t_ns += CHUNK_NS
             decision = self.engine.mic_block(self.closed)
             self.blocks.append(decision)
+            if decision is MicBlock.CLOSE:  # as the capture thread does
+                turn = self.endpointer.turn_id
+                self.endpointer.reset()
+                self._apply(self.engine.unheard(turn, [], self.t_ns))
+                continue
             if decision is MicBlock.IGNORE:
                 continue
             if decision is MicBlock.RESTART:

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from assistant.events import OverlapHeard, OverlapVerdict, ReplyResumed, SpeechOnset, SpeechResumed
+from assistant.events import (
+    OverlapHeard,
+    OverlapVerdict,
+    ReplyResumed,
+    SpeechOnset,
+    SpeechResumed,
+    TurnCancelled,
+)
 from assistant.turns.engine import (
     BargeIn,
     Confirm,
@@ -238,6 +245,26 @@ def test_a_lost_microphone_while_the_reply_is_held_lets_it_play_on():
     assert s.of(PauseReply)
     actions = s.engine.microphone_lost(speech_turn=2, held_turns=[], now_ns=s.t_ns)
     assert ResumeReply(first.attempt) in actions and s.engine.overlap is None
+
+
+def test_a_reply_paused_for_speech_over_it_plays_on_when_the_echo_path_moves_and_the_mic_is_gated():
+    """Half duplex again mid-speech (the echo path moved): the speech will not be judged.
+
+    Before, the reply stayed paused for a verdict that never came, and every later turn (20
+    typed questions on the echo rig) waited behind it.
+    """
+    s, first = replying(after_ms=2000)
+    s.speak(300)
+    assert s.of(PauseReply)
+    s.engine.echo_ok = False  # the duplex went back to half duplex
+    gated = len(s.blocks)
+    s.speak(300).pause(1000)
+    assert s.blocks[gated:] == [MicBlock.CLOSE] + [MicBlock.IGNORE] * (len(s.blocks) - gated - 1)
+    assert ResumeReply(first.attempt) in s.of(ResumeReply) and s.engine.overlap is None
+    assert verdicts(s) == [OverlapVerdict.NOISE]  # nothing to answer: its "(hearing...)" line goes
+    assert [type(a.event) for a in s.of(Emit)][-1] is ReplyResumed
+    assert not [a for a in s.of(Emit) if isinstance(a.event, TurnCancelled)]  # no turn of its own
+    assert s.engine.overlap_heard(2, "Mm.", s.t_ns) == []  # a verdict on its way changes nothing
 
 
 def test_a_discarded_or_cancelled_run_is_not_the_turn_more_speech_joins():

@@ -31,6 +31,7 @@ OLD_CANCEL_WORDS = {
     "MICROPHONE_LOST": "microphone lost",
     "LLM_SERVER_LOST": "llm server lost",
     "CONTINUED": "continued",  # new with full duplex: the question went on over its reply
+    "NOT_HEARD": "not heard",  # new: the microphone closed or gated before the speech ended
 }
 
 
@@ -38,7 +39,12 @@ def test_every_cancel_reason_is_its_old_word():
     assert {m.name: m.value for m in CancelReason} == OLD_CANCEL_WORDS
     for member in CancelReason:
         assert member == member.value and str(member) == member.value and f"{member}" == member.value
-    assert [str(m) for m in DiscardReason] == ["speech resumed", "cut for length", "microphone lost"]
+    assert [str(m) for m in DiscardReason] == [
+        "speech resumed",
+        "cut for length",
+        "microphone lost",
+        "not heard",
+    ]
 
 
 def test_a_cancelled_turn_is_recorded_with_the_word():

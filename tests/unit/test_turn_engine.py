@@ -145,7 +145,7 @@ def test_once_the_reply_plays_the_microphone_is_not_heard_and_new_speech_is_a_ne
     assert s.plays(first.attempt)
     heard = len(s.events)
     s.speak(600)  # the assistant's own voice, heard through the speakers
-    assert set(s.blocks[-19:]) == {MicBlock.IGNORE} and len(s.events) == heard
+    assert s.blocks[-19:] == [MicBlock.CLOSE] + [MicBlock.IGNORE] * 18 and len(s.events) == heard
     s.ends(first.attempt)
     s.pause(64).speak(600).pause(600)
     assert MicBlock.RESTART in s.blocks and s.blocks[-1] is MicBlock.FEED
@@ -217,10 +217,29 @@ def test_a_lost_microphone_with_only_held_speech_cancels_the_held_turn():
 
 def test_a_closed_microphone_is_ignored_and_listening_again_restarts_the_endpointer():
     s = Script(closed=True).speak(500)
-    assert set(s.blocks) == {MicBlock.IGNORE} and not s.events
+    assert s.blocks[0] is MicBlock.CLOSE and set(s.blocks[1:]) == {MicBlock.IGNORE} and not s.events
+    assert not s.actions  # nothing was heard: nothing to drop
     s.closed = False
     s.speak(64)
     assert s.blocks[-2] is MicBlock.RESTART and s.blocks[-1] is MicBlock.FEED_SEALED
+
+
+def test_a_question_muted_after_its_pause_drops_its_speculation_and_the_next_one_is_answered():
+    """Before, the speculative run waited for an end that never came, and every later turn behind it."""
+    s = Script(probabilities=[0.1]).speak(1000).pause(300)
+    (spec,) = s.of(Start)
+    assert not spec.confirmed
+    s.closed = True  # the user mutes mid-question
+    s.pause(500)
+    assert s.of(Discard) == [Discard(spec.attempt, DiscardReason.NOT_HEARD)]
+    (cancelled,) = [a.event for a in s.of(Emit) if isinstance(a.event, TurnCancelled)]
+    assert (cancelled.turn_id, cancelled.reason) == (1, CancelReason.NOT_HEARD)
+    s.ends(spec.attempt)  # its thread sees the discard and returns
+    s.closed = False
+    s.speak(800).pause(1500)
+    nxt = s.of(Start)[-1]
+    assert nxt.turn_id == 2 and Confirm(nxt.attempt) in s.of(Confirm)
+    assert [a.id for a in s.engine.attempts] == [nxt.attempt]  # nothing left before it to wait on
 
 
 def test_partials_come_every_interval_while_speaking_and_never_during_the_turns_work():
