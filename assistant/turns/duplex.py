@@ -88,6 +88,7 @@ class Duplex:
         self._no_echo: bool | None = None  # what the last full-duplex report said of the echo path
         self._delay_ref: float | None = None  # the echo delay the canceller is converged at (ms)
         self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
+        self._xruns = self._xrun_count()  # the streams' xruns so far (each may move the echo path)
         self._unsuppressed = EchoTrack(UNSUPPRESSED_S)  # what went into the canceller
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
@@ -190,6 +191,9 @@ class Duplex:
         behind_ns = int(canceller.pending_samples * 1e9 / SAMPLE_RATE_HZ)
         self._unsuppressed.add_near(out.near, t_ns - behind_ns)
         self._blocks += 1
+        xruns = self._xrun_count()
+        if xruns != self._xruns:
+            self._xrun(xruns)
         if self._blocks % CHECK_EVERY_BLOCKS == 0:
             self._check()
         return out.vad, t_ns - behind_ns
@@ -252,6 +256,35 @@ class Duplex:
         logger.info("%s", reason)
         self.emit(EchoState(0, _now(), True, reason, stats.erle_db, stats.delay_ms))
 
+    def _xrun_count(self) -> int:
+        return sum(getattr(stream, "xruns", 0) for stream in (self.speaker, self.microphone))
+
+    def _xrun(self, xruns: int) -> None:
+        """A stream ran late (an xrun: PortAudio restarted it): the echo path may have moved.
+
+        The speaker's output underran or the microphone's input overran, and the sound server
+        placed the restarted stream where it could: an echo rig's delay went 97 -> 6 ms after
+        an underrun on a loaded machine, AEC3 lost the echo for a while and a reply paused for
+        it. Half duplex from the moment the stream reports it (the echo of what plays after it
+        reaches the microphone later) until the canceller has converged on audio played since.
+        """
+        logger.info("audio stream xrun (%d so far)", xruns)
+        self._xruns = xruns
+        stats = self.stats()
+        if not self.full_duplex or self._no_echo or stats is None:
+            return
+        self._half_duplex(
+            "half duplex: an audio stream ran late (xrun), the echo path may have moved, until echo"
+            " cancellation converges again",
+            stats,
+        )
+
+    def _half_duplex(self, reason: str, stats: EchoStats) -> None:
+        """Back to half duplex until the canceller converges on far-end audio played from now."""
+        logger.info("%s", reason)
+        self.full_duplex, self._moved_at, self._delay_ref = False, stats.far_frames, None
+        self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
+
     def _moved(self, stats: EchoStats) -> bool:
         """Whether the echo path moved away from where the canceller converged; then half duplex.
 
@@ -267,13 +300,11 @@ class Duplex:
         if abs(gap) < MOVED_MS:
             self._delay_ref += float(np.clip(gap, -FOLLOW_MS, FOLLOW_MS))  # drift: followed
             return False
-        reason = (
+        self._half_duplex(
             f"half duplex: the echo path moved (delay {self._delay_ref:.0f} -> {stats.delay_ms:.0f} ms)"
-            " until echo cancellation converges again"
+            " until echo cancellation converges again",
+            stats,
         )
-        logger.info("%s", reason)
-        self.full_duplex, self._moved_at, self._delay_ref = False, stats.far_frames, None
-        self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
         return True
 
     def _settled(self, stats: EchoStats) -> bool:

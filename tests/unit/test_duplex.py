@@ -35,6 +35,7 @@ class ScriptedSpeaker:
     output_latency_ms: float = 0.0
     far_end: deque | None = None
     played: list[np.ndarray] = field(default_factory=list)
+    xruns: int = 0  # output underflows its callback reported
 
     def play(self, turn_id: int, audio: np.ndarray) -> None:
         self.played.append(audio)
@@ -60,6 +61,7 @@ class ScriptedMicrophone:
     blocks: queue.Queue = field(default_factory=queue.Queue)
     input_latency_ns: int = 0
     starts: int = 0
+    xruns: int = 0  # input overflows its callback reported
 
     def start(self) -> None:
         self.starts += 1
@@ -257,6 +259,35 @@ def test_an_echo_path_that_moves_goes_half_duplex_until_the_canceller_has_it_aga
     assert "echo path moved" in got[2][1] and "-> " in got[2][1], got
     assert moved[0] < 4 < moved[1] < 6 < moved[2], moved  # lost during the move, back after it
     assert duplex.full_duplex
+
+
+@pytest.mark.parametrize("stream", ["speaker", "microphone"])
+def test_a_stream_that_ran_late_goes_half_duplex_at_once_until_the_canceller_has_the_echo_again(
+    stream: str,
+) -> None:
+    """An xrun may move the echo path (97 -> 6 ms after an underrun on a loaded machine).
+
+    Half duplex from the block after the stream reported it, before AEC3 could lose the echo
+    and a reply pause for it; full duplex again after half a second of reply converged again.
+    """
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    reply = probe_signal(6.0, -20)
+    near = room(reply)
+    xrun_block = 3 * 16000 // BLOCK
+    full: list[bool] = []  # after each block
+    for b in range(len(reply) // BLOCK):
+        if b == xrun_block:
+            (speaker if stream == "speaker" else mic).xruns += 1
+        span = slice(b * BLOCK, (b + 1) * BLOCK)
+        cleaned(duplex, speaker, reply[span], near[span], t0=10**12 + b * BLOCK_NS)
+        full.append(duplex.full_duplex)
+    assert full[xrun_block - 1] and not full[xrun_block]  # at once
+    back = full.index(True, xrun_block)
+    assert (back - xrun_block) * BLOCK / 16000 >= 0.5  # half a second of reply since, converged
+    assert [m[0] for m in modes(events)] == [False, True, False, True], modes(events)
+    assert "xrun" in modes(events)[2][1]
 
 
 @pytest.mark.parametrize("kind", ["user talking over it", "clock drift"])
