@@ -40,6 +40,17 @@ UNSUPPRESSED_S = 10  # how much of the raw microphone and far end is kept for th
 # their own echo on the echo rig). Clock drift (~0.1 ms a second) is followed, FOLLOW_MS a look.
 MOVED_MS = 15.0
 FOLLOW_MS = 1.0
+# A microphone block this much later than the one before it plus its length: the capture side
+# stalled (the blocks come within 0.3 ms of their length on an idle machine, 280-300 ms late
+# after the process was held 300 ms; once 111 ms just after start), and the echo path may move
+# as after an xrun.
+STALL_NS = 150_000_000
+# After a move or an xrun the path goes on settling for seconds (a stalled app on the echo rig:
+# 25 -> 41 -> 9 ms over 4 s), and full duplex declared on half a second converged paused
+# replies for their echo again: full duplex only once the delay held within STEADY_WITHIN_MS
+# for STEADY_MS of reply audio.
+STEADY_MS = 2000
+STEADY_WITHIN_MS = 5.0
 
 
 def probe_signal(seconds: float = PROBE_S, dbfs: float = PROBE_DBFS) -> np.ndarray:
@@ -88,7 +99,9 @@ class Duplex:
         self._no_echo: bool | None = None  # what the last full-duplex report said of the echo path
         self._delay_ref: float | None = None  # the echo delay the canceller is converged at (ms)
         self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
+        self._steady: tuple[float | None, int] = (None, 0)  # since a move: (delay ms, held since frame)
         self._xruns = self._xrun_count()  # the streams' xruns so far (each may move the echo path)
+        self._last_block_ns = 0  # when the microphone's last block arrived
         self._unsuppressed = EchoTrack(UNSUPPRESSED_S)  # what went into the canceller
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
@@ -191,9 +204,13 @@ class Duplex:
         behind_ns = int(canceller.pending_samples * 1e9 / SAMPLE_RATE_HZ)
         self._unsuppressed.add_near(out.near, t_ns - behind_ns)
         self._blocks += 1
-        xruns = self._xrun_count()
+        xruns, late_ns = self._xrun_count(), t_ns - self._last_block_ns - _duration_ns(samples.size)
+        self._last_block_ns = t_ns
         if xruns != self._xruns:
-            self._xrun(xruns)
+            self._xruns = xruns
+            self._ran_late(f"an audio stream ran late (xrun, {xruns} so far)")
+        elif late_ns > STALL_NS and self._blocks > 1:
+            self._ran_late(f"the microphone's blocks came {late_ns / 1e6:.0f} ms late")
         if self._blocks % CHECK_EVERY_BLOCKS == 0:
             self._check()
         return out.vad, t_ns - behind_ns
@@ -235,7 +252,7 @@ class Duplex:
         self._far_frames = stats.far_frames
         if self.full_duplex and self._moved(stats):
             return
-        if not stats.converged or not self._settled(stats):
+        if not self._settled(stats) or not stats.converged:
             return
         assert self.canceller is not None
         below = self.canceller.options.converged_below_db
@@ -259,23 +276,22 @@ class Duplex:
     def _xrun_count(self) -> int:
         return sum(getattr(stream, "xruns", 0) for stream in (self.speaker, self.microphone))
 
-    def _xrun(self, xruns: int) -> None:
-        """A stream ran late (an xrun: PortAudio restarted it): the echo path may have moved.
+    def _ran_late(self, what: str) -> None:
+        """A stream ran late (``what``): the echo path may have moved; half duplex at once.
 
-        The speaker's output underran or the microphone's input overran, and the sound server
-        placed the restarted stream where it could: an echo rig's delay went 97 -> 6 ms after
-        an underrun on a loaded machine, AEC3 lost the echo for a while and a reply paused for
-        it. Half duplex from the moment the stream reports it (the echo of what plays after it
-        reaches the microphone later) until the canceller has converged on audio played since.
+        An xrun: the speaker's output underran or the microphone's input overran, PortAudio
+        restarted the stream and the sound server placed it where it could (an echo rig's
+        delay went 97 -> 6 ms after an underrun on a loaded machine; AEC3 lost the echo for a
+        while and a reply paused for it). Or the process stalled: the microphone's backlog
+        comes late, in a burst. Half duplex from the block where it shows (before the VAD
+        hears it) until the canceller has converged on audio played since.
         """
-        logger.info("audio stream xrun (%d so far)", xruns)
-        self._xruns = xruns
+        logger.info("%s", what)
         stats = self.stats()
         if not self.full_duplex or self._no_echo or stats is None:
             return
         self._half_duplex(
-            "half duplex: an audio stream ran late (xrun), the echo path may have moved, until echo"
-            " cancellation converges again",
+            f"half duplex: {what}; the echo path may have moved, until echo cancellation converges again",
             stats,
         )
 
@@ -283,6 +299,7 @@ class Duplex:
         """Back to half duplex until the canceller converges on far-end audio played from now."""
         logger.info("%s", reason)
         self.full_duplex, self._moved_at, self._delay_ref = False, stats.far_frames, None
+        self._steady = (stats.delay_ms, stats.far_frames)
         self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
 
     def _moved(self, stats: EchoStats) -> bool:
@@ -308,17 +325,28 @@ class Duplex:
         return True
 
     def _settled(self, stats: EchoStats) -> bool:
-        """Whether the convergence window holds only far-end audio played since the echo path moved.
+        """Whether the echo path has settled since it moved (or a stream ran late).
 
-        Until then its earlier frames, cancelled before the move, still say converged.
+        The convergence window must hold only far-end audio played since (its earlier frames,
+        cancelled before the move, still say converged), and the delay must have held for
+        :data:`STEADY_MS` of it.
         """
         if self._moved_at is None:
             return True
         assert self.canceller is not None
-        if stats.far_frames - self._moved_at < self.canceller.options.window_ms // 10:
+        delay, since = self._steady
+        if stats.delay_ms is None or delay is None or abs(stats.delay_ms - delay) > STEADY_WITHIN_MS:
+            self._steady = (stats.delay_ms, stats.far_frames)
+            return False
+        window = self.canceller.options.window_ms // 10
+        if stats.far_frames - self._moved_at < window or stats.far_frames - since < STEADY_MS // 10:
             return False
         self._moved_at = None
         return True
+
+
+def _duration_ns(samples: int) -> int:
+    return samples * 1_000_000_000 // SAMPLE_RATE_HZ
 
 
 def _nowhere(_event: Event) -> None:

@@ -8,6 +8,8 @@ spoken scenarios in order (``spoken``); each test checks one behaviour of it.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +84,42 @@ def test_echo_alone_never_interrupts_and_is_never_transcribed(echo_only) -> None
     assert all(r["cancelled"] == "" for r in app.records().values())
     measured = [e["erle_db"] for e in events if e["event"] == "EchoMeasured" and e["erle_db"] is not None]
     assert measured and min(measured) > 10, measured
+
+
+STALLS = 4
+
+
+@quiet
+def test_an_app_stalled_mid_reply_goes_half_duplex_and_answers_every_question(pulse, tmp_path) -> None:
+    """The app held 300 ms (SIGSTOP) 0.8 s into each of 4 replies, as on a machine that stalls.
+
+    The streams run late (an underrun, the microphone's backlog in a burst) and the echo path
+    moves for seconds after. The app goes half duplex at once and waits until the delay holds.
+    Before, replies paused for their own echo (6 of 8) and one that went half duplex before
+    its pause was judged stayed paused, every later question behind it (7 of 12 answered).
+    """
+    with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
+        app = LiveApp(pulse, tmp_path, "--max-new-tokens", "12")
+        try:
+            app.wait_line("listening on")
+            for i in range(STALLS):
+                mark = len(app.events())
+                app.ask(f"Tell me one fact about the number {i + 1}.")
+                app.wait_event("AudioStarted", after=mark, timeout_s=60)
+                time.sleep(0.8)
+                os.kill(app.proc.pid, signal.SIGSTOP)
+                time.sleep(0.3)
+                os.kill(app.proc.pid, signal.SIGCONT)
+                app.wait_event("TurnDone", turn=i + 1, after=mark, timeout_s=60)
+        finally:
+            stderr = app.stop()
+    events = app.events()
+    assert [e["event"] for e in events].count("TurnDone") == STALLS, "".join(app.lines) + stderr
+    reasons = [e["reason"] for e in events if e["event"] == "EchoState"]
+    assert any("late" in r for r in reasons), reasons  # the stall was seen
+    kinds = [e["event"] for e in events]
+    assert kinds.count("ReplyPaused") == kinds.count("ReplyResumed"), "".join(app.lines)  # none held
+    assert "BargeIn" not in kinds and all(r["cancelled"] == "" for r in app.records().values())
 
 
 @pytest.mark.parametrize("barge_in", ["auto", "on"])
