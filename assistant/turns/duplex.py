@@ -274,7 +274,7 @@ class Duplex:
         self.emit(EchoState(0, _now(), True, reason, stats.erle_db, stats.delay_ms))
 
     def _xrun_count(self) -> int:
-        return sum(getattr(stream, "xruns", 0) for stream in (self.speaker, self.microphone))
+        return sum(stream.xruns for stream in (self.speaker, self.microphone) if stream is not None)
 
     def _ran_late(self, what: str) -> None:
         """A stream ran late (``what``): the echo path may have moved; half duplex at once.
