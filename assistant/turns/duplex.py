@@ -45,10 +45,12 @@ FOLLOW_MS = 1.0
 # after the process was held 300 ms; once 111 ms just after start), and the echo path may move
 # as after an xrun.
 STALL_NS = 150_000_000
-# After a move or an xrun the path goes on settling for seconds (a stalled app on the echo rig:
-# 25 -> 41 -> 9 ms over 4 s), and full duplex declared on half a second converged paused
-# replies for their echo again: full duplex only once the delay held within STEADY_WITHIN_MS
-# for STEADY_MS of reply audio.
+# After a move the path goes on settling for seconds (a stalled app on the echo rig: 25 -> 41
+# -> 9 ms over 4 s), and full duplex declared on half a second converged paused replies for
+# their echo again: full duplex only once the delay held within STEADY_WITHIN_MS for STEADY_MS
+# of reply audio. Not after an xrun or a stall alone: that comes at the start of a reply on a
+# busy machine, when the user goes on with the question, and a gated microphone loses those
+# words; the convergence window is enough there, and a move it missed is caught as one.
 STEADY_MS = 2000
 STEADY_WITHIN_MS = 5.0
 
@@ -100,6 +102,7 @@ class Duplex:
         self._delay_ref: float | None = None  # the echo delay the canceller is converged at (ms)
         self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
         self._steady: tuple[float | None, int] = (None, 0)  # since a move: (delay ms, held since frame)
+        self._steady_frames = 0  # how long (far-end frames) the delay must hold before full duplex
         self._xruns = self._xrun_count()  # the streams' xruns so far (each may move the echo path)
         self._last_block_ns = 0  # when the microphone's last block arrived
         self._unsuppressed = EchoTrack(UNSUPPRESSED_S)  # what went into the canceller
@@ -295,11 +298,14 @@ class Duplex:
             stats,
         )
 
-    def _half_duplex(self, reason: str, stats: EchoStats) -> None:
-        """Back to half duplex until the canceller converges on far-end audio played from now."""
+    def _half_duplex(self, reason: str, stats: EchoStats, steady_ms: int = 0) -> None:
+        """Back to half duplex until the canceller converges on far-end audio played from now.
+
+        ``steady_ms``: and until the delay has held that long (of far-end audio).
+        """
         logger.info("%s", reason)
         self.full_duplex, self._moved_at, self._delay_ref = False, stats.far_frames, None
-        self._steady = (stats.delay_ms, stats.far_frames)
+        self._steady, self._steady_frames = (stats.delay_ms, stats.far_frames), steady_ms // 10
         self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
 
     def _moved(self, stats: EchoStats) -> bool:
@@ -321,6 +327,7 @@ class Duplex:
             f"half duplex: the echo path moved (delay {self._delay_ref:.0f} -> {stats.delay_ms:.0f} ms)"
             " until echo cancellation converges again",
             stats,
+            STEADY_MS,
         )
         return True
 
@@ -328,8 +335,8 @@ class Duplex:
         """Whether the echo path has settled since it moved (or a stream ran late).
 
         The convergence window must hold only far-end audio played since (its earlier frames,
-        cancelled before the move, still say converged), and the delay must have held for
-        :data:`STEADY_MS` of it.
+        cancelled before the move, still say converged), and after a move the delay must have
+        held for :data:`STEADY_MS` of it.
         """
         if self._moved_at is None:
             return True
@@ -339,7 +346,7 @@ class Duplex:
             self._steady = (stats.delay_ms, stats.far_frames)
             return False
         window = self.canceller.options.window_ms // 10
-        if stats.far_frames - self._moved_at < window or stats.far_frames - since < STEADY_MS // 10:
+        if stats.far_frames - self._moved_at < window or stats.far_frames - since < self._steady_frames:
             return False
         self._moved_at = None
         return True

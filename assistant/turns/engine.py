@@ -189,7 +189,7 @@ class TurnEngine(OverlapRules):
         """
         return self._drop_speech(speech_turn, held_turns, now_ns, CancelReason.MICROPHONE_LOST)
 
-    def unheard(self, speech_turn: int, held_turns: list[int], now_ns: int) -> list[Action]:
+    def unheard(self, speech_turn: int, now_ns: int) -> list[Action]:
         """The microphone stopped being heard (:attr:`MicBlock.CLOSE`): nothing may wait on it.
 
         The user closed it (mute, pause), or a reply began in half duplex, also when the echo
@@ -197,9 +197,10 @@ class TurnEngine(OverlapRules):
         progress; as with a lost microphone (:meth:`microphone_lost`), a speculative run on it
         is discarded, the turn cancelled (``not heard``) and a reply paused for speech over it
         plays on. Before, that run waited for an end that would not come and the paused reply
-        for a verdict, and every later turn waited behind them.
+        for a verdict, and every later turn waited behind them. Held speech stays held (the
+        caller's): it may be the question whose joined answer is about to play.
         """
-        return self._drop_speech(speech_turn, held_turns, now_ns, CancelReason.NOT_HEARD)
+        return self._drop_speech(speech_turn, [], now_ns, CancelReason.NOT_HEARD)
 
     def interrupt(self) -> list[Action]:
         """Stop the reply being generated or spoken (the part heard stays in the history)."""

@@ -162,10 +162,13 @@ class LiveLoop:
             self._apply(self.engine.microphone_lost(turn, held, time.monotonic_ns()))
 
     def _unheard(self, turn: int) -> None:
-        """The microphone stopped being heard (closed, gated): turn ``turn``'s speech was forgotten."""
-        held = self.pipeline.hearing.drop_held()
+        """The microphone stopped being heard (closed, gated): turn ``turn``'s speech was forgotten.
+
+        Held speech stays held (unlike a lost microphone's): it may be the question whose joined
+        answer begins to play, and a long utterance cut for length goes on once heard again.
+        """
         with self.floor:
-            self._apply(self.engine.unheard(turn, held, time.monotonic_ns()))
+            self._apply(self.engine.unheard(turn, time.monotonic_ns()))
 
     def _apply(self, actions: list[Action]) -> None:
         """Carry out the engine's actions (floor lock held)."""

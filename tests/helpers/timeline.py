@@ -90,7 +90,7 @@ class Script:
             if decision is MicBlock.CLOSE:  # as the capture thread does
                 turn = self.endpointer.turn_id
                 self.endpointer.reset()
-                self._apply(self.engine.unheard(turn, [], self.t_ns))
+                self._apply(self.engine.unheard(turn, self.t_ns))
                 continue
             if decision is MicBlock.IGNORE:
                 continue

@@ -9,6 +9,7 @@ spoken scenarios in order (``spoken``); each test checks one behaviour of it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ LONG_QUESTION = "Tell me about the history of Paris."
 FAST = ("--tts-rate", "350")
 REPLIES_ECHO_ONLY = 20
 AFTER_WINDOW_S = 2.6  # past the 1.8 s continuation window (from the reply's first audio)
+UPSET = re.compile("ran late|blocks came|echo path moved")  # the half-duplex notices of a moved path
 
 
 def typed_replies(
@@ -69,14 +71,23 @@ def echo_only(pulse, tmp_path_factory) -> tuple[LiveApp, str]:
 
 @quiet
 def test_echo_alone_never_interrupts_and_is_never_transcribed(echo_only) -> None:
-    """20 replies play with their echo in the microphone: no barge-in, no word of theirs heard."""
+    """20 replies play with their echo in the microphone: no barge-in, no word of theirs heard.
+
+    Nor a pause, unless an audio stream ran late (an xrun, a stall) or the echo path moved just
+    before it, which a loaded machine can do to the test: then the reply resumes.
+    """
     app, stderr = echo_only
     assert any("full duplex" in line for line in app.lines), app.lines  # it was listening
     events = app.events()
     done = [e for e in events if e["event"] == "TurnDone"]
     assert len(done) == REPLIES_ECHO_ONLY, "".join(app.lines) + stderr
-    kinds = {e["event"] for e in events}
-    assert not kinds & {"SpeechStarted", "ReplyPaused", "BargeIn", "OverlapHeard"}, kinds
+    kinds = [e["event"] for e in events]
+    assert not set(kinds) & {"SpeechStarted", "BargeIn"}, "".join(app.lines) + stderr
+    upsets = [e["t_ns"] for e in events if e["event"] == "EchoState" and UPSET.search(e["reason"])]
+    for paused in (e for e in events if e["event"] == "ReplyPaused"):
+        assert any(0 <= paused["t_ns"] - t < 10**10 for t in upsets), "".join(app.lines) + stderr
+    assert kinds.count("ReplyPaused") == kinds.count("ReplyResumed"), "".join(app.lines)
+    assert all(e["verdict"] == "no words" for e in events if e["event"] == "OverlapHeard")
     spoken = [
         e for e in events if e["event"] == "TranscriptReady" and not e["text"].startswith("Name a colour")
     ]
