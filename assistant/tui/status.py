@@ -27,7 +27,7 @@ class StatusBar(Static):
         self.info = SessionInfo()
         self.barge_in = "auto"
         self.duplex = ""  # full or half duplex, and why (EchoState)
-        self.duplex_mode = ""  # "full duplex" or "half duplex": shown alone when the reason does not fit
+        self.duplex_mode = ""  # "full duplex" or "half duplex": shown alone when not even the cause fits
         self.gpu = ""
 
     def set(self, **values: object) -> None:
@@ -44,9 +44,10 @@ class StatusBar(Static):
         line1.append(f" {self.state.upper()} ", f"bold reverse {STATE_STYLES.get(self.state, '')}")
         line1.append(f" mic {level_meter(self.level_db if i.mic else None)} ")
         line1.append(f" in: {i.mic or 'none'}  out: {i.speaker or 'none'}  barge-in {self.barge_in}")
-        if self.duplex:  # the reason when it fits, else the mode alone ("full duplex")
-            fits = len(line1) + 2 + len(self.duplex) <= self.size.width
-            line1.append(f"  {self.duplex if fits else self.duplex_mode}")
+        if self.duplex:  # the reason when it fits, else its cause alone, else the mode alone
+            room = self.size.width - len(line1) - 2
+            cause = self.duplex.split(" (")[0].split(";")[0]  # "half duplex: the echo path moved"
+            line1.append(f"  {next((t for t in (self.duplex, cause) if len(t) <= room), self.duplex_mode)}")
         llm = f" LLM {i.llm or '-'} ({i.backend or '-'})  engine: {i.engine or '-'}"
         if i.turn:
             line1.append(f"  turn: {i.turn}")

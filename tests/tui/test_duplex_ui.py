@@ -77,6 +77,21 @@ async def test_on_80_columns_the_status_bar_keeps_the_mode_when_its_reason_does_
 
 
 @pytest.mark.asyncio
+async def test_on_160_columns_a_long_half_duplex_reason_keeps_its_cause():
+    """The xrun's notice is 120 characters: the bar said only "half duplex" (a UI check in tmux)."""
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.pause()
+        why = (
+            "half duplex: an audio stream ran late (xrun, 3 so far); the echo path may have moved, until"
+            " echo cancellation converges again"
+        )
+        await post(app, pilot, [EchoState(0, 2 * MS, False, why)])
+        first_line = screen_text(app).splitlines()[0].rstrip()
+        assert first_line.endswith("barge-in auto  half duplex: an audio stream ran late"), first_line
+
+
+@pytest.mark.asyncio
 async def test_a_reply_resumed_after_a_backchannel_then_interrupted_shows_in_the_breakdown_and_the_pane():
     base = 10_000 * MS
     events = turn_events(1, base, WORDS) + [
