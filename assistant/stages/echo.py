@@ -37,6 +37,13 @@ DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking ove
 # ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
 NEAR_GAP_SAMPLES = SAMPLE_RATE_HZ // 10
 RESIDUAL_TAIL_MS = 100  # the room's tail after the echo's delay, for the residual gate
+# The far end goes to AEC3 this far ahead of the microphone frame it is placed with: where the
+# streams' timing puts the echo at or before its sound (a delay estimate of 0-1 ms on the echo
+# rig, whose real path is 60 ms), AEC3 cannot remove what comes before its reference, and
+# replies paused for their own echo. Delays are reported without it. The speaker's callback
+# writes each block its output latency (~64 ms) before it plays: the lead is there in time.
+LEAD_MS = 20
+LEAD_SAMPLES = LEAD_MS * SAMPLE_RATE_HZ // 1000
 
 
 class Cancelled(NamedTuple):
@@ -223,7 +230,7 @@ class EchoCanceller:
         return out
 
     def _frame(self, near: np.ndarray, start: int) -> Cancelled:
-        far = self._far_frame(start)
+        far = self._far_frame(start + LEAD_SAMPLES)
         rtc = self._rtc
         self._apm.process_reverse_stream(rtc.AudioFrame(far.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES))
         frame = rtc.AudioFrame(near.tobytes(), SAMPLE_RATE_HZ, 1, FRAME_SAMPLES)
@@ -314,7 +321,8 @@ class EchoCanceller:
             if loss >= below or self.echo_free:
                 erle = None  # no echo to speak of (a headset): nothing was there to remove
             converged = converged or self.echo_free
-        return EchoStats(erle, self._delay_ms, converged, self._far_frames, loss)
+        delay = self._delay_ms - LEAD_MS if self._delay_ms is not None else None
+        return EchoStats(erle, delay, converged, self._far_frames, loss)
 
 
 def estimate_delay(far: np.ndarray, near: np.ndarray, max_delay_ms: float) -> tuple[int, float]:

@@ -95,11 +95,30 @@ def capture(
 
 def cleaned(duplex: Duplex, speaker: ScriptedSpeaker, far: np.ndarray, near: np.ndarray, t0: int) -> None:
     """The speaker's blocks and the microphone's through ``duplex.clean``, block by block on one clock."""
+    for b in range(len(near) // BLOCK):
+        clean_block(duplex, speaker, far, near, b, t0)
+
+
+def clean_block(
+    duplex: Duplex,
+    speaker: ScriptedSpeaker,
+    far: np.ndarray,
+    near: np.ndarray,
+    b: int,
+    t0: int,
+    late_ns: int = 0,
+) -> None:
+    """Block ``b`` of the microphone through ``duplex.clean`` (``late_ns``: it came that late).
+
+    The speaker's callback writes each block ahead of when it plays (its output latency): here
+    one block ahead of the microphone's.
+    """
     assert speaker.far_end is not None
-    for i in range(0, len(near) - BLOCK + 1, BLOCK):
-        t = t0 + (i // BLOCK) * BLOCK_NS
-        speaker.far_end.append((far[i : i + BLOCK], t))
-        duplex.clean(near[i : i + BLOCK], t + BLOCK_NS)
+    if b == 0:
+        speaker.far_end.append((far[:BLOCK], t0))
+    if (ahead := far[(b + 1) * BLOCK : (b + 2) * BLOCK]).size == BLOCK:
+        speaker.far_end.append((ahead, t0 + (b + 1) * BLOCK_NS))
+    duplex.clean(near[b * BLOCK : (b + 1) * BLOCK], t0 + (b + 1) * BLOCK_NS + late_ns)
 
 
 def canceller() -> EchoCanceller:
@@ -250,10 +269,10 @@ def test_an_echo_path_that_moves_goes_half_duplex_until_the_canceller_has_it_aga
     t = np.arange(len(reply)) / 16000
     near = room(reply, np.clip(60 + (t - 4) * 20, 60, 100))
     moved: list[float] = []  # when each mode change came (s into the reply)
-    for i in range(0, len(reply) - BLOCK + 1, BLOCK):
+    for b in range(len(reply) // BLOCK):
         before = len(events)
-        cleaned(duplex, speaker, reply[i : i + BLOCK], near[i : i + BLOCK], t0=10**12 + i // BLOCK * BLOCK_NS)
-        moved += [i / 16000] * (len(events) - before)
+        clean_block(duplex, speaker, reply, near, b, t0=10**12)
+        moved += [b * BLOCK / 16000] * (len(events) - before)
     got = modes(events)
     assert [m[0] for m in got] == [False, True, False, True], got
     assert "echo path moved" in got[2][1] and "-> " in got[2][1], got
@@ -285,8 +304,7 @@ def test_a_stream_that_ran_late_goes_half_duplex_at_once_until_the_canceller_has
         if b == xrun_block and stream != "stalled":
             (speaker if stream == "speaker" else mic).xruns += 1
         late = 270_000_000 if stream == "stalled" and b == xrun_block else 0
-        span = slice(b * BLOCK, (b + 1) * BLOCK)
-        cleaned(duplex, speaker, reply[span], near[span], t0=10**12 + b * BLOCK_NS + late)
+        clean_block(duplex, speaker, reply, near, b, t0=10**12, late_ns=late)
         full.append(duplex.full_duplex)
     assert full[xrun_block - 1] and not full[xrun_block]  # at once
     back_s = (full.index(True, xrun_block) - xrun_block) * BLOCK / 16000

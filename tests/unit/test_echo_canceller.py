@@ -48,9 +48,17 @@ def run_both(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray)
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
         if far is not None:
-            canceller.play(far[i : i + BLOCK], t_ns)
+            play_ahead(canceller, far, i, t_ns)
         out.append(canceller.process(near[i : i + BLOCK], t_ns))
     return Cancelled(*(np.concatenate([o[k] for o in out]) for k in range(len(Cancelled._fields))))
+
+
+def play_ahead(canceller: EchoCanceller, far: np.ndarray, i: int, t_ns: int) -> None:
+    """The far end as the speaker's callback hands it over: a block ahead of the microphone's."""
+    if i == 0:
+        canceller.play(far[:BLOCK], t_ns)
+    if (ahead := far[i + BLOCK : i + 2 * BLOCK]).size:
+        canceller.play(ahead, t_ns + BLOCK_NS)
 
 
 def energy_db(x: np.ndarray) -> float:
@@ -90,6 +98,26 @@ def test_without_the_far_end_nothing_is_removed_and_it_does_not_converge() -> No
     out = run(canceller, None, near)
     assert abs(energy_db(near[: len(out)]) - energy_db(out)) < 3
     assert not canceller.stats().converged and canceller.stats().delay_ms is None
+
+
+def test_an_echo_the_streams_timing_places_before_its_sound_is_still_removed() -> None:
+    """The far end stamped 12 ms after its echo reached the microphone (the echo rig read 0-1 ms
+    on a real 60 ms path: the timestamps are that far off). AEC3 cannot remove an echo that comes
+    before its reference: the far end goes to it ahead of its time (``LEAD_MS``).
+    """
+    far = speechlike(6, seed=1)
+    near = echo_of(far, 2, -13)
+    canceller = make(residual_gate_db=0)  # the linear canceller alone (the gate would hide it)
+    out = []
+    for i in range(0, len(near) - BLOCK + 1, BLOCK):
+        t_ns = T0_NS + i // BLOCK * BLOCK_NS
+        play_ahead(canceller, far, i, t_ns + 14_000_000)
+        out.append(canceller.process(near[i : i + BLOCK], t_ns).vad)
+    cancelled = np.concatenate(out)
+    tail = slice(2 * SAMPLE_RATE_HZ, len(cancelled))
+    assert energy_db(near[tail]) - energy_db(cancelled[tail]) >= 20
+    delay = canceller.stats().delay_ms
+    assert delay is not None and abs(delay - -12) <= 2, delay  # reported as it is: before its sound
 
 
 def test_a_far_end_that_is_not_lined_up_in_time_cancels_less() -> None:
@@ -248,7 +276,7 @@ def test_an_echo_that_appears_is_found_within_a_fifth_of_a_second() -> None:
     found_after = None
     for i in range(4 * SAMPLE_RATE_HZ, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
-        canceller.play(far[i : i + BLOCK], t_ns)
+        play_ahead(canceller, far, i, t_ns)
         canceller.process(near[i : i + BLOCK], t_ns)
         if not canceller.echo_free:
             found_after = (i + BLOCK) / SAMPLE_RATE_HZ - 4
