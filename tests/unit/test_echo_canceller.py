@@ -42,13 +42,18 @@ def run(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> n
     return run_both(canceller, far, near).vad
 
 
-def run_both(canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray) -> Cancelled:
-    """:func:`run`, every view of the output: ungated, gated, and what went in."""
+def run_both(
+    canceller: EchoCanceller, far: np.ndarray | None, near: np.ndarray, far_late_ns: int = 0
+) -> Cancelled:
+    """:func:`run`, every view of the output: ungated, gated, and what went in.
+
+    ``far_late_ns``: the far end is stamped that much later than it played.
+    """
     out = []
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = T0_NS + i // BLOCK * BLOCK_NS
         if far is not None:
-            play_ahead(canceller, far, i, t_ns)
+            play_ahead(canceller, far, i, t_ns + far_late_ns)
         out.append(canceller.process(near[i : i + BLOCK], t_ns))
     return Cancelled(*(np.concatenate([o[k] for o in out]) for k in range(len(Cancelled._fields))))
 
@@ -108,12 +113,7 @@ def test_an_echo_the_streams_timing_places_before_its_sound_is_still_removed() -
     far = speechlike(6, seed=1)
     near = echo_of(far, 2, -13)
     canceller = make(residual_gate_db=0)  # the linear canceller alone (the gate would hide it)
-    out = []
-    for i in range(0, len(near) - BLOCK + 1, BLOCK):
-        t_ns = T0_NS + i // BLOCK * BLOCK_NS
-        play_ahead(canceller, far, i, t_ns + 14_000_000)
-        out.append(canceller.process(near[i : i + BLOCK], t_ns).vad)
-    cancelled = np.concatenate(out)
+    cancelled = run_both(canceller, far, near, far_late_ns=14_000_000).vad
     tail = slice(2 * SAMPLE_RATE_HZ, len(cancelled))
     assert energy_db(near[tail]) - energy_db(cancelled[tail]) >= 20
     delay = canceller.stats().delay_ms
@@ -127,12 +127,7 @@ def test_a_far_end_that_is_not_lined_up_in_time_cancels_less() -> None:
     far = speechlike(6, seed=1)
     near = echo_of(far, 60, -13)
     canceller = make(residual_gate_db=0)  # the linear canceller alone (the gate would hide it)
-    out = []
-    for i in range(0, len(near) - BLOCK + 1, BLOCK):
-        t_ns = T0_NS + i // BLOCK * BLOCK_NS
-        canceller.play(far[i : i + BLOCK], t_ns + 200_000_000)
-        out.append(canceller.process(near[i : i + BLOCK], t_ns).vad)
-    cancelled = np.concatenate(out)
+    cancelled = run_both(canceller, far, near, far_late_ns=200_000_000).vad
     tail = slice(2 * SAMPLE_RATE_HZ, len(cancelled))
     assert energy_db(near[tail]) - energy_db(cancelled[tail]) < 20
     assert canceller.stats().far_frames > 0 and canceller.stats().delay_ms is None
