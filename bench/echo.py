@@ -51,7 +51,10 @@ REPLY = (
 USER = "Wait, what is the largest ocean on Earth?"
 USER_AT_S = 5.0
 
-Canceller = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (near frame, far frame) int16 -> int16
+AHEAD = 2 * FRAME  # far end written past each frame: the speaker runs ahead (>= the stage's lead)
+# (near frame, far end from the frame's start: the frame and AHEAD more) int16 -> int16; the
+# frame-by-frame cancellers take the frame (far[:FRAME]), the app's stage all of it.
+Canceller = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def livekit_canceller(delay_hint_ms: int) -> Canceller:
@@ -61,7 +64,7 @@ def livekit_canceller(delay_hint_ms: int) -> Canceller:
     apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
 
     def run(near: np.ndarray, far: np.ndarray) -> np.ndarray:
-        apm.process_reverse_stream(rtc.AudioFrame(far.tobytes(), RATE_HZ, 1, FRAME))
+        apm.process_reverse_stream(rtc.AudioFrame(far[:FRAME].tobytes(), RATE_HZ, 1, FRAME))
         frame = rtc.AudioFrame(near.tobytes(), RATE_HZ, 1, FRAME)
         apm.set_stream_delay_ms(delay_hint_ms)
         apm.process_stream(frame)
@@ -80,7 +83,7 @@ def aec_audio_processing_canceller(delay_hint_ms: int) -> Canceller:
     ap.set_stream_delay(delay_hint_ms)
 
     def run(near: np.ndarray, far: np.ndarray) -> np.ndarray:
-        ap.process_reverse_stream(far.tobytes())
+        ap.process_reverse_stream(far[:FRAME].tobytes())
         return np.frombuffer(ap.process_stream(near.tobytes()), np.int16).copy()
 
     return run
@@ -109,7 +112,7 @@ def speexdsp_canceller(delay_hint_ms: int, residual: bool = False) -> Canceller:
 
     def run(near: np.ndarray, far: np.ndarray) -> np.ndarray:
         out = np.empty(FRAME, np.int16)
-        lib.speex_echo_cancellation(echo, np.ascontiguousarray(near), np.ascontiguousarray(far), out)
+        lib.speex_echo_cancellation(echo, np.ascontiguousarray(near), np.ascontiguousarray(far[:FRAME]), out)
         if pre is not None:
             lib.speex_preprocess_run(pre, out.ctypes.data_as(ctypes.c_void_p))
         return out
@@ -172,7 +175,7 @@ def cancel(
     start = time.process_time()
     for i in range(frames):
         s = slice(i * FRAME, (i + 1) * FRAME)
-        out[s] = run(near16[s], far16[s])
+        out[s] = run(near16[s], far16[s.start : s.stop + AHEAD])
     cpu_ms = (time.process_time() - start) * 1000 / frames
     return out.astype(np.float32) / 32768, cpu_ms
 

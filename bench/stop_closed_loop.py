@@ -75,15 +75,13 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
     endpointer, ungated, track = Endpointer(VadOptions(onset_ms=onset_ms)), AudioTail(10), EchoTrack(10)
     cut: int | None = None  # the far-end sample where the reply stops
     for i in range(0, n - BLOCK + 1, BLOCK):
-        if cut is not None:
-            far[max(i, cut) : i + BLOCK] = 0.0
         idx = np.arange(i, i + BLOCK)
         for delay_ms, gain in ECHO:  # the echo path, its delay growing with the drift
             src = idx - delay_ms * 16 - drift * idx  # the rig's loopback resamples: a fraction of a sample
             heard = src >= 0
             mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
         t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
-        canceller.play(far[i : i + BLOCK], t_ns)
+        canceller.play(far[i : i + 2 * BLOCK], t_ns)  # the speaker's callback writes a block ahead
         track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
         out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
         t_end_ns = t_ns + (out.audio.size - 1) * 62_500
@@ -92,6 +90,7 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
         for event in endpointer.feed(out.vad, t_end_ns):
             if isinstance(event, SpeechOnset) and cut is None:
                 cut = i + BLOCK + pause_ms * 16
+                far[cut:] = 0.0  # the reply stops there
             if isinstance(event, OnsetEnded | SpeechPaused):
                 if view == "aec3":
                     beside = ungated.span(event.t_ns, event.audio.size)
