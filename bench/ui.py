@@ -5,6 +5,11 @@ a list) and through the real UI driven by Textual's Pilot (headless, one session
 once per GIL switch interval. Each mode builds a fresh session in this process. Prints a
 table (TTFT, decode rate, first sentence: median and worst) and writes JSON.
 
+It also counts what would stall an audio callback, which needs the GIL for each block: the
+garbage collector's full (generation 2) collections, which hold it throughout, and the
+longest lateness of a thread that sleeps 5 ms at a time (how long a callback could have
+waited for the GIL, or for a core), over the turns of each row.
+
     python -m bench.ui --json docs/results/bench-ui-cpu.json
     python -m bench.ui --random-weights .devrun/smollm2-random --device cuda --dtype fp16
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import platform
 import shlex
@@ -48,19 +54,65 @@ def random_model(template: Path) -> Path:
     return folder
 
 
-def pipeline_only(settings, turns: int) -> list[TurnRecord]:
+class Stalls:
+    """Garbage collections and a 5 ms sleeper's lateness while in the ``with`` block."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []  # (generation, ms)
+        self.late_ms: list[float] = []
+        self._start_ns = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sleeper, name="bench-sleeper", daemon=True)
+
+    def _collecting(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start_ns = time.perf_counter_ns()
+        else:
+            self.pauses.append((info["generation"], (time.perf_counter_ns() - self._start_ns) / 1e6))
+
+    def _sleeper(self) -> None:
+        last = time.perf_counter()
+        while not self._done.wait(0.005):
+            now = time.perf_counter()
+            self.late_ms.append(1000 * (now - last - 0.005))
+            last = now
+
+    def __enter__(self) -> Stalls:
+        gc.callbacks.append(self._collecting)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        gc.callbacks.remove(self._collecting)
+
+    def summary(self) -> dict[str, float]:
+        full = [ms for gen, ms in self.pauses if gen == 2]
+        late = np.array(self.late_ms or [0.0])
+        return {
+            "gc_full_collections": len(full),
+            "gc_full_ms_median": float(np.median(full)) if full else float("nan"),
+            "gc_ms_max": max((ms for _, ms in self.pauses), default=0.0),
+            "late_ms_max": float(late.max()),
+            "late_over_30ms": int((late > 30).sum()),
+        }
+
+
+def pipeline_only(settings, turns: int, stalls: Stalls) -> list[TurnRecord]:
     events: list[object] = []
     session = build_session(settings, devices=False, emit=events.append)
     try:
-        return [
-            session.pipeline.run_text_turn(i, QUESTIONS[i % len(QUESTIONS)], None, threading.Event())
-            for i in range(1, turns + 1)
-        ]
+        with stalls:
+            return [
+                session.pipeline.run_text_turn(i, QUESTIONS[i % len(QUESTIONS)], None, threading.Event())
+                for i in range(1, turns + 1)
+            ]
     finally:
         session.close()
 
 
-async def through_ui(settings, turns: int, size: tuple[int, int]) -> list[TurnRecord]:
+async def through_ui(settings, turns: int, size: tuple[int, int], stalls: Stalls) -> list[TurnRecord]:
     def build(emit, progress, cancel):
         return build_session(settings, devices=False, emit=emit, progress=progress, cancel=cancel)
 
@@ -70,18 +122,19 @@ async def through_ui(settings, turns: int, size: tuple[int, int]) -> list[TurnRe
         while app.session is None:
             assert time.monotonic() < deadline, "the session did not load"
             await pilot.pause(0.2)
-        for i in range(turns):
-            await pilot.press("t", *QUESTIONS[i % len(QUESTIONS)])
-            await pilot.pause(1.0)  # typed, then a pause before Enter, as a person would
-            await pilot.press("enter")
-            while len(app.records) <= i:
-                assert time.monotonic() < deadline, "no reply"
-                await pilot.pause(0.05)
+        with stalls:
+            for i in range(turns):
+                await pilot.press("t", *QUESTIONS[i % len(QUESTIONS)])
+                await pilot.pause(1.0)  # typed, then a pause before Enter, as a person would
+                await pilot.press("enter")
+                while len(app.records) <= i:
+                    assert time.monotonic() < deadline, "no reply"
+                    await pilot.pause(0.05)
         await pilot.press("q")
     return app.records
 
 
-def summary(records: list[TurnRecord]) -> dict[str, float]:
+def summary(records: list[TurnRecord], stalls: Stalls) -> dict[str, float]:
     def col(key: str) -> np.ndarray:
         return np.array([r.metrics[key] for r in records if r.metrics.get(key) is not None])
 
@@ -93,6 +146,7 @@ def summary(records: list[TurnRecord]) -> dict[str, float]:
         "tokens_per_s_median": float(np.median(rate)),
         "tokens_per_s_min": float(rate.min()),
         "first_sentence_ms_median": float(np.median(first)) if first.size else float("nan"),
+        **stalls.summary(),
     }
 
 
@@ -123,24 +177,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     width, height = (int(v) for v in args.size.split("x"))
     default = sys.getswitchinterval()
-    rows: dict[str, dict[str, float]] = {"pipeline only, no UI": summary(pipeline_only(settings, args.turns))}
+    stalls = Stalls()
+    rows = {"pipeline only, no UI": summary(pipeline_only(settings, args.turns, stalls), stalls)}
     backend = ""
     for interval in (float(v) for v in args.switch_intervals.split(",")):
         sys.setswitchinterval(interval)
+        stalls = Stalls()
         try:
-            records = asyncio.run(through_ui(settings, args.turns, (width, height)))
+            records = asyncio.run(through_ui(settings, args.turns, (width, height), stalls))
         finally:
             sys.setswitchinterval(default)
         backend = records[0].backend if records else backend
-        rows[f"UI {width}x{height}, GIL switch interval {interval * 1e3:g} ms"] = summary(records)
+        rows[f"UI {width}x{height}, GIL switch interval {interval * 1e3:g} ms"] = summary(records, stalls)
     print(f"\nmodel {model}, backend {backend or '?'}, {args.turns} typed turns per row")
-    print("| run | TTFT median | TTFT max | tok/s median | tok/s min | first sentence median |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| run | TTFT median | TTFT max | tok/s median | tok/s min | first sentence median "
+        "| full GCs | full GC median | longest GC | longest wait of a 5 ms sleeper | waits > 30 ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         print(
             f"| {name} | {r['ttft_ms_median']:.1f} ms | {r['ttft_ms_max']:.1f} ms | "
             f"{r['tokens_per_s_median']:.0f} | {r['tokens_per_s_min']:.0f} | "
-            f"{r['first_sentence_ms_median']:.0f} ms |"
+            f"{r['first_sentence_ms_median']:.0f} ms | {r['gc_full_collections']} | "
+            f"{r['gc_full_ms_median']:.1f} ms | {r['gc_ms_max']:.1f} ms | {r['late_ms_max']:.1f} ms | "
+            f"{r['late_over_30ms']} |"
         )
     if args.json:
         out = {
