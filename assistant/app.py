@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import threading
 import time
@@ -282,7 +283,7 @@ def build_session(
         emit,
         settings.models.llm,
     )
-    return Session(
+    session = Session(
         dialogue,
         pipeline,
         transcriber,
@@ -297,6 +298,30 @@ def build_session(
         with_partials_resolved(settings.turn, transcriber.device if transcriber else "cpu"),
         duplex,
     )
+    set_aside_from_the_collector()
+    return session
+
+
+def set_aside_from_the_collector(everything: bool = True) -> None:
+    """Collect garbage now, then keep what is left out of the collector's later passes.
+
+    A full collection walks every object the collector tracks and holds the GIL throughout:
+    with the models and the UI loaded it took 50-76 ms every one or two turns, and an audio
+    callback, which needs the GIL for each 32 ms block, kept waiting that long lets the
+    speaker underrun (on this rig from 55-80 ms on), which costs a reply its full duplex
+    for a moment (``python -m bench.ui``, docs/benchmarks.md). What is alive now is frozen
+    (:func:`gc.freeze`), so later collections walk only what came after. ``everything``: first
+    unfreeze, so that what was frozen earlier and has become garbage since is collected too
+    (a new session; the UI every :data:`RECOLLECT_FROZEN_EVERY_TURNS` turns); otherwise the
+    collection walks only what is new since the last call (the UI after each turn: ~5 ms).
+    """
+    if everything:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+RECOLLECT_FROZEN_EVERY_TURNS = 50
 
 
 class _NoAsr:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from assistant.app import RECOLLECT_FROZEN_EVERY_TURNS, set_aside_from_the_collector
 from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDone
 from assistant.observe.latency import TurnRecord, build_record
 from assistant.stages.devices import device_notice
@@ -78,9 +79,15 @@ class TurnFeed(KeyActions):
         return build_record(turn, self.turn_events.get(turn, []))
 
     def turn_done(self, record: TurnRecord) -> None:
-        """A finished turn: last-turn breakdown, statistics, back to idle."""
+        """A finished turn: last-turn breakdown, statistics, back to idle; garbage collected.
+
+        The screen keeps ~5,000 objects a turn (Textual's rendered lines and their caches);
+        collected here, between turns, and frozen, they are not walked again by a full
+        collection in the middle of the next reply (:func:`set_aside_from_the_collector`).
+        """
         self.turn_events.pop(record.turn_id, None)
         self.records.append(record)
         self.query_one(LatencyBreakdown).show(record, done=True)
         self.query_one(SessionStats).update_records(self.records)
         self.query_one(StatusBar).set(state=self._idle_state())
+        set_aside_from_the_collector(everything=len(self.records) % RECOLLECT_FROZEN_EVERY_TURNS == 0)
