@@ -6,9 +6,17 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+KEEP_ENTRIES = 80  # lines (utterances, replies, notices) kept: about the last 40 turns
+
 
 class Conversation(VerticalScroll, can_focus=False):
-    """User utterances, streaming replies and system notices, newest at the bottom."""
+    """User utterances, streaming replies and system notices, newest at the bottom.
+
+    Only the newest :data:`KEEP_ENTRIES` entries stay: every entry is laid out again each
+    time a streamed reply grows (20 times a second), which with 1,000 turns on screen took
+    ~250 ms a time on the UI's thread, holding the GIL (``python -m bench.ui_growth``). The
+    turn log (``--log``) and the export (``e``) keep every turn.
+    """
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -19,8 +27,23 @@ class Conversation(VerticalScroll, can_focus=False):
 
     def _add(self, widget: Static) -> Static:
         self.mount(widget)
+        self._forget_oldest()
         self.call_after_refresh(self.scroll_end, animate=False)  # after layout: deterministic
         return widget
+
+    def _forget_oldest(self) -> None:
+        """Remove the entries past the newest :data:`KEEP_ENTRIES`, and what refers to them."""
+        oldest = list(self.children)[: max(0, len(self.children) - KEEP_ENTRIES)]
+        if not oldest:
+            return
+        gone = {id(widget) for widget in oldest}
+        for turn in [turn for turn, widget in self._user.items() if id(widget) in gone]:
+            del self._user[turn]
+        for turn in [turn for turn, widget in self._reply.items() if id(widget) in gone]:
+            del self._reply[turn]
+            self._reply_text.pop(turn, None)
+            self._dirty.discard(turn)
+        self.remove_children(oldest)
 
     def notice(self, text: str, error: bool = False) -> None:
         """A system line (no microphone, loading, errors)."""
