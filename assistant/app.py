@@ -307,10 +307,11 @@ def set_aside_from_the_collector(everything: bool = True) -> None:
 
     A full collection walks every object the collector tracks and holds the GIL throughout:
     with the models and the UI loaded it took 50-76 ms every one or two turns, and an audio
-    callback, which needs the GIL for each 32 ms block, kept waiting that long lets the
-    speaker underrun (on this rig from 55-80 ms on), which costs a reply its full duplex
-    for a moment (``python -m bench.ui``, docs/benchmarks.md). What is alive now is frozen
-    (:func:`gc.freeze`), so later collections walk only what came after. ``everything``: first
+    callback, which needs the GIL for each 32 ms block, kept waiting ~80 ms or more lets
+    the 64 ms output underrun (now and then from ~55 ms), which costs a reply its full duplex
+    for a moment (``python -m bench.ui``, ``python -m bench.xruns``, docs/benchmarks.md).
+    What is alive now is frozen (:func:`gc.freeze`), so later collections walk only what
+    came after. ``everything``: first
     unfreeze, so that what was frozen earlier and has become garbage since is collected too
     (a new session; the UI every :data:`RECOLLECT_FROZEN_EVERY_TURNS` turns); otherwise the
     collection walks only what is new since the last call (the UI after each turn: ~5 ms).
