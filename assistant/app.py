@@ -311,10 +311,10 @@ def set_aside_from_the_collector(everything: bool = True) -> None:
     the 64 ms output underrun (now and then from ~55 ms), which costs a reply its full duplex
     for a moment (``python -m bench.ui``, ``python -m bench.xruns``, docs/benchmarks.md).
     What is alive now is frozen (:func:`gc.freeze`), so later collections walk only what
-    came after. ``everything``: first
-    unfreeze, so that what was frozen earlier and has become garbage since is collected too
-    (a new session; the UI every :data:`RECOLLECT_FROZEN_EVERY_TURNS` turns); otherwise the
-    collection walks only what is new since the last call (the UI after each turn: ~5 ms).
+    came after. ``everything``: first unfreeze, so that what was frozen earlier and has
+    become garbage since is collected too (a new session; the UI every
+    :data:`RECOLLECT_FROZEN_EVERY_TURNS` turns); otherwise the collection walks only what is
+    new since the last call (the UI after each turn: ~5 ms).
     """
     if everything:
         gc.unfreeze()
