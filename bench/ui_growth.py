@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.results import write_results
 
 QUESTION = "What is the capital of France and why is it so famous?"
 REPLY = " The capital of France is Paris, famous for its art, food and history." * 2
@@ -80,13 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         median, worst = r["redraw_ms_median"], r["redraw_ms_max"]
         print(f"| {r['turns']} | {r['entries']} | {median:.1f} ms | {worst:.1f} ms |")
     if args.json:
-        out = {
-            "command": " ".join(["python -m bench.ui_growth", *(argv if argv is not None else sys.argv[1:])]),
-            "machine": {"platform": platform.platform(), "python": platform.python_version()},
-            "rows": rows,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_results(args.json, args, rows=rows)
     return 0
 
 

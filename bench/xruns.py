@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import multiprocessing
 import os
-import platform
 import sys
 import threading
 import time
@@ -36,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.echo_rig import private_audio
+from bench.results import write_results
 
 HOLDS = " ".join(f"hold:{ms}@0.2" for ms in (50, 150, 200, 300))
 LOADS = f"none python:2@5 python:2@0.2 procs:2 numpy:2 {HOLDS}"
@@ -150,13 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['microphone_xruns']} | {r['mic_gap_max_ms']:.0f} ms | {held} |"
         )
     if args.json:
-        out = {
-            "command": " ".join(["python -m bench.xruns", *(argv if argv is not None else sys.argv[1:])]),
-            "machine": {"platform": platform.platform(), "python": platform.python_version()},
-            "rows": rows,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_results(args.json, args, rows=rows)
     return 0
 
 
