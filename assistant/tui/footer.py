@@ -17,3 +17,15 @@ class KeyFooter(Footer):
         """The keys; the grid's column count is left to the stylesheet."""
         yield from super().compose()
         self.styles.clear_rule("grid_size_columns")
+
+    async def recompose(self) -> None:
+        """The keys again (the bindings changed), and the old keys let go.
+
+        Each key is bound to the footer's ``compact``, and Textual drops a removed key's
+        watcher only when ``compact`` changes, which it never does here: every recompose (the
+        text box taking the keys and giving them back: twice a typed turn) kept the 8 old keys
+        alive, each with its styles and caches (~170 objects) for the garbage collector to
+        walk. Marking ``compact`` changed drops the removed keys' watchers.
+        """
+        await super().recompose()
+        self.mutate_reactive(Footer.compact)

@@ -18,6 +18,7 @@ import gc
 import weakref
 
 import pytest
+from textual.widgets._footer import FooterKey
 
 from assistant.app import RECOLLECT_FROZEN_EVERY_TURNS
 from assistant.tui.app import AssistantApp
@@ -78,4 +79,21 @@ async def test_the_conversation_keeps_its_newest_entries_and_a_trimmed_turn_can_
         shown = [str(widget.render()) for widget in pane.children]
         assert shown[-2:] == ["you: question 1, late", "assistant: answer 1, late"]
         assert len(shown) == KEEP_ENTRIES
+        await pilot.press("q")
+
+
+@pytest.mark.asyncio
+async def test_the_footer_lets_go_of_its_old_keys_when_the_text_box_takes_the_keys_and_gives_them_back():
+    """Textual kept every recomposed footer's keys alive (bound to a reactive that never changes)."""
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(5):  # a typed turn: t opens the text box, which takes the keys
+            await pilot.press("t")
+            await pilot.pause()
+            await pilot.press("escape")
+            await pilot.pause()
+        await pilot.pause(0.3)
+        gc.collect()
+        keys = [o for o in gc.get_objects() if type(o) is FooterKey]
+        assert len(keys) == sum(key.is_attached for key in keys) > 0
         await pilot.press("q")
