@@ -209,6 +209,7 @@ class AssistantApp(TurnFeed):
     def on_unmount(self) -> None:
         """The app is going, however it goes: nothing it started may outlive it."""
         self.shutdown()
+        self.stop_drain()
 
     def shutdown(self) -> None:
         """Stop the load, join every pipeline thread and close the devices (idempotent)."""

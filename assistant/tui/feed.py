@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 
 from assistant.app import RECOLLECT_FROZEN_EVERY_TURNS, set_aside_from_the_collector
@@ -17,6 +18,7 @@ from assistant.tui.stats import SessionStats
 from assistant.tui.status import StatusBar
 
 DRAIN_HZ = 20  # how often pipeline events reach the screen
+NO_FULL_PASSES = 1_000_000_000  # middle passes before the collector's own full pass: never, in effect
 
 
 class TurnFeed(KeyActions):
@@ -27,10 +29,26 @@ class TurnFeed(KeyActions):
         self.records: list[TurnRecord] = []
         self.fold = TurnFold()
         self._inbox: deque[Event] = deque()
+        self._thresholds: tuple[int, int, int] | None = None
 
     def start_drain(self) -> None:
-        """Drain the inbox :data:`DRAIN_HZ` times a second from now on."""
+        """Drain the inbox :data:`DRAIN_HZ` times a second from now on; full collections between turns.
+
+        The garbage collector's full passes walk everything it tracks with the GIL held: in
+        the middle of a reply they held it 50-76 ms, near what underruns the speaker. While
+        the UI runs the collector makes none by itself (its young passes go on); each
+        finished turn makes one (:meth:`turn_done`). :meth:`stop_drain` puts it back.
+        """
         self.set_interval(1 / DRAIN_HZ, self._drain)
+        if self._thresholds is None:
+            self._thresholds = gc.get_threshold()
+            gc.set_threshold(self._thresholds[0], self._thresholds[1], NO_FULL_PASSES)
+
+    def stop_drain(self) -> None:
+        """The collector as it was before :meth:`start_drain` (the app is going)."""
+        if self._thresholds is not None:
+            gc.set_threshold(*self._thresholds)
+            self._thresholds = None
 
     def emit(self, event: Event) -> None:
         """The pipeline's event callback (any thread): queued for the UI's next drain."""
@@ -81,9 +99,10 @@ class TurnFeed(KeyActions):
     def turn_done(self, record: TurnRecord) -> None:
         """A finished turn: last-turn breakdown, statistics, back to idle; garbage collected.
 
-        The screen keeps ~5,000 objects a turn (Textual's rendered lines and their caches);
-        collected here, between turns, and frozen, they are not walked again by a full
-        collection in the middle of the next reply (:func:`set_aside_from_the_collector`).
+        The full collection kept from the middle of replies (:meth:`start_drain`) runs here,
+        once the turn's reply has played, over what is new since the last turn (~1,000 objects
+        a conversation entry: its rendered lines and their caches); what is left is frozen, so
+        the next one does not walk it again (:func:`set_aside_from_the_collector`).
         """
         self.turn_events.pop(record.turn_id, None)
         self.records.append(record)

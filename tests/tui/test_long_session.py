@@ -2,13 +2,12 @@
 
 The conversation pane keeps its newest ``KEEP_ENTRIES`` entries: each entry is laid out again
 every time a streamed reply grows, which with 1,000 turns on screen took ~250 ms a time
-(``python -m bench.ui_growth``).
+(``python -m bench.ui_growth``). The footer lets go of its old keys when it recomposes.
 
-The UI collects garbage between turns and sets aside what the screen keeps. Textual keeps
-~5,000 objects a turn (rendered lines and their caches); left to the collector, its full
-collections walked them all in the middle of replies, holding the GIL 50-76 ms, near what
-underruns the speaker (``python -m bench.ui``, ``python -m bench.xruns``, docs/benchmarks.md).
-At each finished turn the UI collects what is new and freezes the rest (``gc.freeze``); every
+The garbage collector's full passes walk what the screen keeps; in the middle of replies they
+held the GIL 50-76 ms, near what underruns the speaker (``python -m bench.ui``, ``python -m
+bench.xruns``, docs/benchmarks.md). While the UI runs the collector makes none by itself;
+the UI makes one at each finished turn, over what is new, and freezes what is left; every
 ``RECOLLECT_FROZEN_EVERY_TURNS`` turns it unfreezes first, so what died since is freed too.
 """
 
@@ -23,6 +22,7 @@ from textual.widgets._footer import FooterKey
 from assistant.app import RECOLLECT_FROZEN_EVERY_TURNS
 from assistant.tui.app import AssistantApp
 from assistant.tui.conversation import KEEP_ENTRIES, Conversation
+from assistant.tui.feed import NO_FULL_PASSES
 from tests.helpers.tui import show_fixed_session
 
 
@@ -31,6 +31,25 @@ class Node:
 
     def __init__(self) -> None:
         self.me = self
+
+
+@pytest.mark.asyncio
+async def test_the_collector_makes_no_full_pass_of_its_own_while_the_ui_runs_but_one_at_each_finished_turn():
+    before = gc.get_threshold()
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert gc.get_threshold()[2] == NO_FULL_PASSES and gc.get_threshold()[:2] == before[:2]
+        await show_fixed_session(app, pilot)  # two finished turns
+        node = Node()
+        left = weakref.ref(node)
+        gc.collect(1)  # old now (not frozen): only a full pass frees it
+        del node
+        gc.collect(1)
+        assert left() is not None
+        app.turn_done(app.records[-1])
+        assert left() is None
+        await pilot.press("q")
+    assert gc.get_threshold() == before
 
 
 @pytest.mark.asyncio
