@@ -313,17 +313,14 @@ def set_aside_from_the_collector(everything: bool = True) -> None:
     What is alive now is frozen (:func:`gc.freeze`), so later collections walk only what
     came after. ``everything``: first unfreeze, so that what was frozen earlier and has
     become garbage since is collected too (a new session; the UI every
-    :data:`RECOLLECT_FROZEN_EVERY_TURNS` turns: 200-320 ms on 2 cores, at a turn's end, as the
-    screen's removed lines are frozen garbage by then); otherwise the collection walks only
-    what is new since the last call (the UI after each turn: 5-15 ms).
+    :data:`~assistant.tui.feed.RECOLLECT_FROZEN_EVERY_TURNS` turns: 200-320 ms on 2 cores,
+    at a turn's end, as the screen's removed lines are frozen garbage by then); otherwise the
+    collection walks only what is new since the last call (the UI after each turn: 5-15 ms).
     """
     if everything:
         gc.unfreeze()
     gc.collect()
     gc.freeze()
-
-
-RECOLLECT_FROZEN_EVERY_TURNS = 50
 
 
 class _NoAsr:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections import deque
 
-from assistant.app import RECOLLECT_FROZEN_EVERY_TURNS, set_aside_from_the_collector
+from assistant.app import set_aside_from_the_collector
 from assistant.events import AudioDeviceLost, AudioDeviceRestored, Event, TurnDone
 from assistant.observe.latency import TurnRecord, build_record
 from assistant.stages.devices import device_notice
@@ -19,6 +19,7 @@ from assistant.tui.status import StatusBar
 
 DRAIN_HZ = 20  # how often pipeline events reach the screen
 NO_FULL_PASSES = 1_000_000_000  # middle passes before the collector's own full pass: never, in effect
+RECOLLECT_FROZEN_EVERY_TURNS = 50  # turns between full passes that unfreeze first (what died since is freed)
 
 
 class TurnFeed(KeyActions):

@@ -19,10 +19,9 @@ import weakref
 import pytest
 from textual.widgets._footer import FooterKey
 
-from assistant.app import RECOLLECT_FROZEN_EVERY_TURNS
 from assistant.tui.app import AssistantApp
 from assistant.tui.conversation import KEEP_ENTRIES, Conversation
-from assistant.tui.feed import NO_FULL_PASSES
+from assistant.tui.feed import NO_FULL_PASSES, RECOLLECT_FROZEN_EVERY_TURNS
 from tests.helpers.tui import show_fixed_session
 
 
