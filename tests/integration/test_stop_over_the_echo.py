@@ -55,10 +55,7 @@ def overheard(far: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, np.ndarray
     t0 = 10**12
     for i in range(0, len(near) - BLOCK + 1, BLOCK):
         t_ns = t0 + i * 1_000_000_000 // SAMPLE_RATE_HZ
-        if i == 0:  # the speaker's callback writes each block ahead of when it plays: here one
-            canceller.play(far[:BLOCK], t_ns)
-        if (ahead := far[i + BLOCK : i + 2 * BLOCK]).size:
-            canceller.play(ahead, t_ns + BLOCK * 62_500)
+        canceller.play(far[i : i + 2 * BLOCK], t_ns)  # the speaker's callback writes a block ahead
         track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
         out = canceller.process(near[i : i + BLOCK], t_ns)
         t_end_ns = t_ns + (out.audio.size - 1) * 62_500  # as Duplex.clean times what it passes on

@@ -59,11 +59,8 @@ def run_both(
 
 
 def play_ahead(canceller: EchoCanceller, far: np.ndarray, i: int, t_ns: int) -> None:
-    """The far end as the speaker's callback hands it over: a block ahead of the microphone's."""
-    if i == 0:
-        canceller.play(far[:BLOCK], t_ns)
-    if (ahead := far[i + BLOCK : i + 2 * BLOCK]).size:
-        canceller.play(ahead, t_ns + BLOCK_NS)
+    """The far end as the speaker's callback hands it over: this block and the next, ahead."""
+    canceller.play(far[i : i + 2 * BLOCK], t_ns)
 
 
 def energy_db(x: np.ndarray) -> float:
