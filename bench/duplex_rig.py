@@ -68,17 +68,30 @@ class LiveApp:
         text = self.events_path.read_text()
         return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
-    def wait_event(self, name: str, turn: int | None = None, timeout_s: float = 120, after: int = 0) -> dict:
-        """The first event ``name`` (of ``turn``) logged at or after index ``after``."""
+    def wait_event(
+        self,
+        name: str,
+        turn: int | None = None,
+        timeout_s: float = 120,
+        after: int = 0,
+        text: str | None = None,
+    ) -> dict:
+        """The first event ``name`` (of ``turn``, with ``text``) logged at or after index ``after``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for event in self.events()[after:]:
-                if event["event"] == name and (turn is None or event["turn_id"] == turn):
+                if (
+                    event["event"] == name
+                    and (turn is None or event["turn_id"] == turn)
+                    and (text is None or event.get("text") == text)
+                ):
                     return event
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        raise AssertionError(f"no {name} (turn {turn}) in {len(self.events())} events: {''.join(self.lines)}")
+        raise AssertionError(
+            f"no {name} (turn {turn}, text {text!r}) in {len(self.events())} events: {''.join(self.lines)}"
+        )
 
     def ask(self, text: str) -> None:
         """Type a question (answered aloud after the turn in progress)."""

@@ -50,7 +50,9 @@ STALL_NS = 150_000_000
 # their echo again: full duplex only once the delay held within STEADY_WITHIN_MS for STEADY_MS
 # of reply audio. Not after an xrun or a stall alone: that comes at the start of a reply on a
 # busy machine, when the user goes on with the question, and a gated microphone loses those
-# words; the convergence window is enough there, and a move it missed is caught as one.
+# words; the convergence window is enough there when the delay reads where it was before. When
+# it reads elsewhere the stall moved the path (a fresh-clone CI run: 60 -> 18 ms after a 300 ms
+# stall, full duplex on that, four pauses for the reply's own echo): as after a move.
 STEADY_MS = 2000
 STEADY_WITHIN_MS = 5.0
 
@@ -103,6 +105,7 @@ class Duplex:
         self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
         self._steady: tuple[float | None, int] = (None, 0)  # since a move: (delay ms, held since frame)
         self._steady_frames = 0  # how long (far-end frames) the delay must hold before full duplex
+        self._home: float | None = None  # after a stream ran late: the delay converged at before it
         self._xruns = self._xrun_count()  # the streams' xruns so far (each may move the echo path)
         self._last_block_ns = 0  # when the microphone's last block arrived
         self._unsuppressed = EchoTrack(UNSUPPRESSED_S)  # what went into the canceller
@@ -256,7 +259,8 @@ class Duplex:
         if self.full_duplex and self._moved(stats):
             return
         if not self._settled(stats) or not stats.converged:
-            return
+            return  # both at one look: a delay that held, then moved before convergence, waits again
+        self._moved_at = self._home = None
         assert self.canceller is not None
         below = self.canceller.options.converged_below_db
         # A headset or a quiet speaker; the user talking over a reply lowers the loss, not echo_free.
@@ -296,15 +300,19 @@ class Duplex:
         self._half_duplex(
             f"half duplex: {what}; the echo path may have moved, until echo cancellation converges again",
             stats,
+            home=self._delay_ref,
         )
 
-    def _half_duplex(self, reason: str, stats: EchoStats, steady_ms: int = 0) -> None:
+    def _half_duplex(
+        self, reason: str, stats: EchoStats, steady_ms: int = 0, home: float | None = None
+    ) -> None:
         """Back to half duplex until the canceller converges on far-end audio played from now.
 
-        ``steady_ms``: and until the delay has held that long (of far-end audio).
+        ``steady_ms``: and until the delay has held that long (of far-end audio). ``home``: the
+        delay before; held elsewhere, it must hold :data:`STEADY_MS`.
         """
         logger.info("%s", reason)
-        self.full_duplex, self._moved_at, self._delay_ref = False, stats.far_frames, None
+        self.full_duplex, self._moved_at, self._delay_ref, self._home = False, stats.far_frames, None, home
         self._steady, self._steady_frames = (stats.delay_ms, stats.far_frames), steady_ms // 10
         self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
 
@@ -336,7 +344,8 @@ class Duplex:
 
         The convergence window must hold only far-end audio played since (its earlier frames,
         cancelled before the move, still say converged), and after a move the delay must have
-        held for :data:`STEADY_MS` of it.
+        held for :data:`STEADY_MS` of it; after a stream ran late too, unless it holds where
+        it was before.
         """
         if self._moved_at is None:
             return True
@@ -346,10 +355,10 @@ class Duplex:
             self._steady = (stats.delay_ms, stats.far_frames)
             return False
         window = self.canceller.options.window_ms // 10
-        if stats.far_frames - self._moved_at < window or stats.far_frames - since < self._steady_frames:
-            return False
-        self._moved_at = None
-        return True
+        steady_frames = self._steady_frames
+        if self._home is not None and abs(delay - self._home) > STEADY_WITHIN_MS:
+            steady_frames = STEADY_MS // 10  # the stall moved the path
+        return stats.far_frames - self._moved_at >= window and stats.far_frames - since >= steady_frames
 
 
 def _duration_ns(samples: int) -> int:

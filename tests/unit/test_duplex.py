@@ -313,6 +313,31 @@ def test_a_stream_that_ran_late_goes_half_duplex_at_once_until_the_canceller_has
     assert ("late" if stream == "stalled" else "xrun") in modes(events)[2][1]
 
 
+def test_a_stall_that_moved_the_echo_path_waits_until_the_new_delay_holds() -> None:
+    """The process held 300 ms and the echo came back 42 ms earlier (60 -> 18 ms).
+
+    A fresh-clone CI run on the echo rig: full duplex again on half a second converged at
+    18 ms, then the path went on moving and the reply paused four times for its own echo.
+    When the delay reads elsewhere than before the stall, it waits as after a move.
+    """
+    speaker, mic, events = ScriptedSpeaker(), ScriptedMicrophone(), []
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    duplex.start(events.append)
+    reply = probe_signal(9.0, -20)
+    stall_block = 3 * 16000 // BLOCK
+    near = np.concatenate([room(reply)[: stall_block * BLOCK], room(reply, 18)[stall_block * BLOCK :]])
+    full: list[bool] = []
+    for b in range(len(reply) // BLOCK):
+        late = 270_000_000 if b == stall_block else 0
+        clean_block(duplex, speaker, reply, near, b, t0=10**12, late_ns=late)
+        full.append(duplex.full_duplex)
+    assert full[stall_block - 1] and not full[stall_block]  # at once
+    assert True in full[stall_block:], modes(events)
+    back_s = (full.index(True, stall_block) - stall_block) * BLOCK / 16000
+    assert back_s >= STEADY_MS / 1000, back_s
+    assert [m[0] for m in modes(events)] == [False, True, False, True], modes(events)
+
+
 @pytest.mark.parametrize("kind", ["user talking over it", "clock drift"])
 def test_an_echo_path_that_stays_keeps_full_duplex(kind: str) -> None:
     """The user's voice over a reply does not move the echo's delay; drift is followed."""
