@@ -142,6 +142,8 @@ class TranscriptReady(Event):
     ``asr_window``: ``fit`` or ``full``, the Whisper window that gave the text;
     ``asr_fell_back``: the fitted window's decode looked wrong and the 30 s window took over.
     ``unclear_s``: ``(start_s, end_s)`` stretches that could not be transcribed (left out).
+    ``queued_until_t_ns``: when the turns before it were done, if it waited for them (a typed
+    question answered first, a reply that played on); 0 when it did not wait.
     """
 
     text: str = ""
@@ -150,6 +152,7 @@ class TranscriptReady(Event):
     asr_window: str = ""
     asr_fell_back: bool = False
     unclear_s: tuple[tuple[float, float], ...] = ()
+    queued_until_t_ns: int = 0
 
 
 @dataclass(frozen=True)

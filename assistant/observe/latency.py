@@ -6,8 +6,12 @@ Each metric names its start and stop event:
   detected (``SpeechEnded.t_ns``; with turn detection this includes the model's inference)
 - turn_detection_ms: inference time of the Smart Turn score that ended the turn
   (``TurnDecision.inference_ms``; ``None`` with fixed silence or at the silence cap)
-- asr_ms: endpoint detected -> ``TranscriptReady``; 0 when speculative ASR finished inside
-  the silence wait (what the user waited for ASR after the endpoint)
+- queued_ms: endpoint detected -> the turns before it done (``TranscriptReady.queued_until_t_ns``),
+  when the turn waited for them: a typed question answered first, a reply that played on over
+  the speech (barge-in off); 0 when it did not wait
+- asr_ms: endpoint detected (or the end of that wait) -> ``TranscriptReady``; 0 when
+  speculative ASR finished inside the silence wait (what the user waited for ASR after the
+  endpoint)
 - ttft_ms: ``PromptSubmitted`` -> first ``TokenGenerated`` (token id on the host)
 - network_ms: the part of ``ttft_ms`` outside a served decoder's model (``--llm-server``:
   network, gRPC, Triton's queue): client TTFT - the server's arrival -> first token; else None
@@ -214,6 +218,8 @@ def build_record(
             rec.held_turns = list(e.held_turns)
             rec.asr_window, rec.asr_fell_back = e.asr_window, e.asr_fell_back
             rec.unclear_s = [list(span) for span in e.unclear_s]
+            if e.queued_until_t_ns:
+                ts["queued_until"] = e.queued_until_t_ns
         elif isinstance(e, PromptSubmitted):
             ts["prompt_submitted"] = e.t_ns
             rec.prompt_tokens, rec.reused_tokens = e.prompt_tokens, e.reused_tokens
@@ -257,10 +263,12 @@ def build_record(
     speculated = None if not endpoint else 0.0
     if endpoint and ts.get("speculation_start"):
         speculated = max(_ms(ts["speculation_start"], min(endpoint, work_end or endpoint)) or 0.0, 0.0)
-    asr = _ms(endpoint, ts.get("transcript"))
+    queued = max(_ms(endpoint, ts.get("queued_until")) or 0.0, 0.0) if endpoint else None
+    asr = _ms(max(endpoint, ts.get("queued_until") or 0) if endpoint else None, ts.get("transcript"))
     rec.metrics = {
         "endpointing_ms": _ms(ts.get("speech_end"), endpoint),
         "turn_detection_ms": decision.inference_ms if decision and decision.reason == "model" else None,
+        "queued_ms": queued,
         "asr_ms": None if asr is None else max(asr, 0.0),
         "ttft_ms": _ms(ts.get("prompt_submitted"), ts.get("first_token")),
         "network_ms": network_ms,

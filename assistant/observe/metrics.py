@@ -82,7 +82,7 @@ HISTOGRAMS = {
     ),
     "asr_ms": (
         "assistant_asr_seconds",
-        "Endpoint to transcript (0 when done inside the wait)",
+        "Endpoint (or the end of a wait for the turn before) to transcript (0 when done inside the wait)",
         STAGE_BUCKETS,
     ),
     "ttft_ms": ("assistant_ttft_seconds", "Prompt submitted to the first generated token", STAGE_BUCKETS),

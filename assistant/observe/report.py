@@ -35,7 +35,7 @@ def export_report(records: Sequence[TurnRecord], folder: Path, stem: str) -> tup
     """
     folder.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
-    metric_keys = [*STAGES, "network_ms", "speculated_ms", "tokens_per_s", *DUPLEX_METRICS]
+    metric_keys = [*STAGES, "queued_ms", "network_ms", "speculated_ms", "tokens_per_s", *DUPLEX_METRICS]
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     writer.writerow([*REPORT_COLUMNS, "tokens", "prompt_tokens", *metric_keys, "overlap_heard"])

@@ -17,8 +17,11 @@ from assistant.observe.latency import TurnRecord
 # the first sentence reads "+N": it continues TTFT, and first sentence counts from the prompt.
 # Work done speculatively inside the silence wait happened before the endpoint: each piece
 # starts where the one before it ended, so such work shows only as the part still waited for.
+# A turn that waited for the turns before it (a typed question, a reply that played on) shows
+# that wait between the endpoint and ASR.
 SEGMENTS = (
     ("speech_end", "endpoint", "on dark_cyan", "{:.0f}"),
+    ("endpoint", "queued_until", "on grey37", "{:.0f}"),
     ("endpoint", "transcript", "on blue", "{:.0f}"),
     ("transcript", "prompt_submitted", "on grey30", ""),
     ("prompt_submitted", "first_token", "on dark_magenta", "{:.0f}"),
@@ -35,6 +38,8 @@ LEGEND = (
     ("first sentence", "1st sent", "first_sentence_ms", "on dark_orange3"),
     ("TTS first audio", "TTS", "tts_first_audio_ms", "on green4"),
 )
+# After endpointing, only in a turn that waited for the turns before it (``queued_ms``).
+QUEUED = ("waited for the turn before", "wait", "on grey37")
 
 
 def fmt_ms(value: float | None) -> str:
@@ -137,6 +142,10 @@ class LatencyBreakdown(Static):
                 out.append(f" {label} {fmt_ms(value)}")
             if key == "endpointing_ms" and record.turn_detector:
                 out.append(f" ({_detector(record, self.narrow)})", "dim")
+            if key == "endpointing_ms" and (queued := m.get("queued_ms")):
+                name, brief, colour = QUEUED
+                out.append(" ▮" if self.narrow else "  ▮", colour.removeprefix("on "))
+                out.append(f" {brief} {queued:.0f}" if self.narrow else f" {name} {fmt_ms(queued)}")
             if key == "ttft_ms" and m.get("network_ms") is not None:  # a served decoder
                 out.append(
                     f" (net {m['network_ms']:.0f})"

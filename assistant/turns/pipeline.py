@@ -80,12 +80,14 @@ class VoicePipeline:
         cancel: threading.Event,
         gate: ReplyGate | None = None,
         heard: TranscriptResult | None = None,
+        queued_until_ns: int = 0,
     ) -> TurnRecord | None:
         """Answer one utterance; returns its record once the reply has played (or was cut).
 
         ``heard``: the words of the held question and the utterance, transcribed already (the
         rest of a question, judged joined to it over the reply): no ASR pass runs for it
-        (:meth:`Hearing.transcribe`).
+        (:meth:`Hearing.transcribe`). ``queued_until_ns``: when the turns before it were done,
+        if it waited for them (0: it did not).
 
         With an unconfirmed ``gate`` (speculation from a ``SpeechPaused``) the work starts at
         once but waits for the gate before playing or recording anything; a discarded gate
@@ -116,7 +118,7 @@ class VoicePipeline:
         self.emit(
             TranscriptReady(
                 turn, time.monotonic_ns(), text, result.asr_ms, tuple(held.turns), result.window,
-                result.fell_back, result.unclear,
+                result.fell_back, result.unclear, queued_until_ns,
             )
         )  # fmt: skip
         if not text:

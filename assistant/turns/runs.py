@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -71,8 +72,10 @@ class TurnRuns:
 
         def work() -> None:
             try:
+                waited = any(thread.is_alive() for thread in before)
                 for thread in before:  # one turn at a time, in order
                     thread.join()
+                queued_until_ns = time.monotonic_ns() if waited else 0
                 if run.cancel.is_set():
                     return
                 sink = self.sink()
@@ -81,7 +84,9 @@ class TurnRuns:
                 else:
                     assert isinstance(start.first, SpeechEnded | SpeechPaused)
                     assert start.heard is None or isinstance(start.heard, TranscriptResult)
-                    self.pipeline.run_turn(start.first, sink, run.cancel, run.gate, start.heard)
+                    self.pipeline.run_turn(
+                        start.first, sink, run.cancel, run.gate, start.heard, queued_until_ns
+                    )
             finally:
                 self.ended(start.attempt)
 

@@ -19,9 +19,13 @@ from assistant.events import (
     OverlapHeard,
     OverlapVerdict,
     PlaybackEnded,
+    PromptSubmitted,
     ReplyPaused,
     ReplyResumed,
+    SentenceReady,
+    SpeechEnded,
     SpeechStarted,
+    TokenGenerated,
     TranscriptReady,
     TurnCancelled,
 )
@@ -187,3 +191,30 @@ async def test_a_question_continued_over_its_reply_is_marked_and_answered_as_one
         line = reply_text(app, 1)
         struck = [line.plain[s.start : s.end] for s in line.spans if "strike" in str(s.style)]
         assert struck == ["The largest"]  # nothing of it played
+
+
+@pytest.mark.asyncio
+async def test_speech_that_waited_for_the_reply_before_it_shows_the_wait_apart_from_asr():
+    """Speech heard over a reply with barge-in off is the next turn, answered after the reply.
+
+    A UI check put that wait into the turn's ASR bar (3.5 s of "ASR"); it is its own piece.
+    """
+    base = 10_000 * MS
+    events = [
+        SpeechEnded(2, base + 300 * MS, base),
+        TranscriptReady(2, base + 2400 * MS, "And Spain?", 90.0, queued_until_t_ns=base + 2300 * MS),
+        PromptSubmitted(2, base + 2404 * MS, 60, 40),
+        TokenGenerated(2, base + 2500 * MS, 0, " Madrid"),
+        SentenceReady(2, base + 2700 * MS, 0, "Madrid."),
+        AudioStarted(2, base + 2800 * MS),
+    ]
+    record = build_record(2, events)
+    assert record.metrics["queued_ms"] == 2000 and record.metrics["asr_ms"] == 100
+    app = AssistantApp(None, gpu=False)
+    async with app.run_test(size=(200, 30)) as pilot:
+        await post(app, pilot, events)
+        app.turn_done(record)
+        await pilot.pause()
+        shown = app.query_one(LatencyBreakdown).plain()
+        assert "waited for the turn before 2000 ms" in shown and "ASR 100 ms" in shown, shown
+        assert "voice-to-voice 2800 ms" in shown, shown

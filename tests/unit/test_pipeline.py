@@ -34,8 +34,10 @@ from assistant.stages.asr import WINDOW_S, TranscriptResult
 from assistant.stages.devices import DeviceLostError
 from assistant.stages.dialogue import Dialogue
 from assistant.stages.splitter import SentenceSplitter
+from assistant.turns.actions import Start
 from assistant.turns.pipeline import VoicePipeline
 from assistant.turns.protocols import PipelineOptions, ReplyGate
+from assistant.turns.runs import TurnRuns
 from engines.base import Backend, BackendIdentity, GenerationOptions, GenerationStats, StopReason, TokenChunk
 from engines.serving.remote import ServerUnavailable
 
@@ -530,3 +532,28 @@ def test_the_rest_of_a_joined_pass_is_not_scored_against_stop_phrases():
         np.zeros(RATE, np.float32), Said(np.zeros(RATE, np.float32), "Do you know?")
     )
     assert overheard.text == "who wrote" and asr.scored == []
+
+
+def test_a_spoken_turn_that_waited_for_a_typed_one_shows_the_wait_apart_from_asr():
+    """Speech that ended while a typed question was answered waits for it (one turn at a time).
+
+    A UI check: the breakdown put that wait (3.5 s) into the spoken turn's ASR bar. The wait
+    is ``queued_ms``; ASR counts from when the turn could start.
+    """
+    pipeline, events = make(ScriptedAsr(["How many days are in a week?"]))
+    pipeline.dialogue.decoder.before_word = lambda: time.sleep(0.05)  # the typed reply takes a while
+    runs = TurnRuns(pipeline, lambda: RecordingSink(), lambda _attempt: True, lambda _attempt: None)
+    runs.start(Start(1, 1, "Name a colour.", confirmed=True))
+    runs.start(Start(2, 2, speech(2, 1.0), confirmed=True))
+    for thread in runs.threads():
+        thread.join(10)
+    typed_done, spoken = (e for e in events if isinstance(e, TurnDone))
+    ready = next(e for e in events if isinstance(e, TranscriptReady) and e.turn_id == 2)
+    record, endpoint = spoken.record, spoken.record.timestamps_ns["endpoint"]
+    assert typed_done.t_ns > endpoint  # it waited for the typed turn
+    assert record.metrics["asr_ms"] <= (ready.t_ns - typed_done.t_ns) / 1e6, record.metrics  # not in ASR
+    assert ready.queued_until_t_ns >= typed_done.t_ns
+    assert record.metrics["queued_ms"] == (ready.queued_until_t_ns - endpoint) / 1e6
+    assert record.metrics["asr_ms"] == (ready.t_ns - ready.queued_until_t_ns) / 1e6
+    alone, _ = make(ScriptedAsr(["How many days are in a week?"]))
+    assert alone.run_turn(speech(3, 1.0), RecordingSink(), threading.Event()).metrics["queued_ms"] == 0
