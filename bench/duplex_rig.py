@@ -133,6 +133,19 @@ def utterance(folder: Path, text: str, name: str, gain_db: float = 0.0, **voice:
     return write_wav(folder / f"{name}.wav", np.concatenate([silence(0.2), audio, silence(0.2)]))
 
 
+def piper_utterance(folder: Path, text: str, name: str, wpm: int) -> Path:
+    """``text`` in the bundled Piper voice at ``wpm``, at its own level, with 0.2 s of silence around it."""
+    from assistant.config import ModelSettings
+    from assistant.config.sections import TtsOptions
+    from assistant.stages.tts_piper import PiperSynthesizer
+    from store.bundled import ModelStore
+
+    store = ModelStore(ModelSettings().store_dir)
+    with PiperSynthesizer(TtsOptions(engine="piper", rate_wpm=wpm), store) as piper:
+        audio = piper.synthesize(text)
+    return write_wav(folder / f"{name}.wav", np.concatenate([silence(0.2), audio, silence(0.2)]))
+
+
 def burst(folder: Path, name: str = "cough", seconds: float = 0.18, dbfs: float = -12) -> Path:
     """A cough-like burst of noise (fast attack, short decay) as a WAV."""
     rng = np.random.default_rng(3)

@@ -16,7 +16,9 @@ long the echo sounded after the word began (the live app on the rig: 420-560 ms)
 ``--views linear,aec3`` runs each trial with what the judge hears beside the gated speech as
 the app has it (the echo removed by a linear fit alone) and as it had it before (AEC3's output
 before the residual gate). The echo's delay drifts by a fraction of a sample as the rig's
-loopback resamples.
+loopback resamples. ``--thresholds 0.5,0.4`` runs each trial with the VAD's threshold over
+the reply at each value (the app's ``over_reply_threshold``; 0.5 is ``threshold``, the only
+one before 2026-12-07).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ ECHO = ((60, 10 ** (-13 / 20)), (83, 10 ** (-19 / 20)))  # (delay ms, gain) of e
 
 
 def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float, onset_ms: int,
-          pause_ms: int, drift: float, view: str = "linear") -> tuple[str, float | None]:  # fmt: skip
+          pause_ms: int, drift: float, view: str = "linear",
+          threshold: float = 0.4) -> tuple[str, float | None]:  # fmt: skip
     """What the judge heard, and how long the echo sounded after the word began (ms).
 
     ``view``: what the judge gets beside the gated speech: ``linear`` (the app's: the echo
@@ -72,7 +75,9 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
     mic = np.zeros(n, np.float32)
     options = EchoOptions(enabled="on")
     canceller = EchoCanceller(options, load_processor(options))
-    endpointer, ungated, track = Endpointer(VadOptions(onset_ms=onset_ms)), AudioTail(10), EchoTrack(10)
+    vad = VadOptions(onset_ms=onset_ms, over_reply_threshold=threshold)
+    endpointer, ungated, track = Endpointer(vad), AudioTail(10), EchoTrack(10)
+    endpointer.over_reply = True  # a reply plays (or is paused) throughout
     cut: int | None = None  # the far-end sample where the reply stops
     for i in range(0, n - BLOCK + 1, BLOCK):
         idx = np.arange(i, i + BLOCK)
@@ -105,7 +110,7 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
 
 
 def judged(hearing: Hearing, reply: np.ndarray, words: dict[str, np.ndarray], onsets: int,
-           setting: tuple[int, int, float, str]) -> list[dict[str, Any]]:  # fmt: skip
+           setting: tuple[int, int, float, str, float]) -> list[dict[str, Any]]:  # fmt: skip
     """One row per voice and onset: what the judge heard and its verdict (``setting``: :func:`trial`'s)."""
     rows = []
     for voice, word in words.items():
@@ -146,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         default="linear",
         help="what the judge hears beside the gated speech, ',' between: linear (the app's), aec3 (before)",
     )
+    parser.add_argument(
+        "--thresholds", default="0.4", help="the VAD's threshold over the reply, ',' between (0.5: before)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     asr = Transcriber(AsrOptions(device="cpu", cpu_threads=2), ModelStore(ModelSettings().store_dir))
@@ -158,20 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = [v.value for v in OverlapVerdict] + ["unheard"]
     results: dict[str, dict[str, list]] = {}
     echo_column = "echo after the word began, median (ms)"
-    head = "| onset (ms) | pause after it (ms) | view | words | " + " | ".join(verdicts)
+    head = "| onset (ms) | pause after it (ms) | view | threshold | words | " + " | ".join(verdicts)
     print(f"{head} | {echo_column} |")
-    print("|---:|---:|---|---|" + "---:|" * (len(verdicts) + 1))
+    print("|---:|---:|---|---:|---|" + "---:|" * (len(verdicts) + 1))
     for setting in args.settings.split(","):
         onset_ms, pause_ms = map(int, setting.split(":"))
         for view in args.views.split(","):
-            results[f"{setting} {view}"] = {}
-            for text, words in spoken.items():
-                rows = judged(hearing, reply, words, args.onsets, (onset_ms, pause_ms, args.drift, view))
-                cells = " | ".join(f"{sum(r['verdict'] == v for r in rows)}/{len(rows)}" for v in verdicts)
-                echo_ms = [r["echo_ms"] for r in rows if r["echo_ms"] is not None]
-                echo = f"{np.median(echo_ms):.0f}" if echo_ms else "-"
-                print(f"| {onset_ms} | {pause_ms} | {view} | {text} | {cells} | {echo} |", flush=True)
-                results[f"{setting} {view}"][text] = rows
+            for threshold in map(float, args.thresholds.split(",")):
+                key = f"{setting} {view} {threshold}"
+                results[key] = {}
+                for text, words in spoken.items():
+                    case = (onset_ms, pause_ms, args.drift, view, threshold)
+                    rows = judged(hearing, reply, words, args.onsets, case)
+                    counts = [sum(r["verdict"] == v for r in rows) for v in verdicts]
+                    cells = " | ".join(f"{count}/{len(rows)}" for count in counts)
+                    echo_ms = [r["echo_ms"] for r in rows if r["echo_ms"] is not None]
+                    echo = f"{np.median(echo_ms):.0f}" if echo_ms else "-"
+                    row = f"| {onset_ms} | {pause_ms} | {view} | {threshold} | {text} | {cells} | {echo} |"
+                    print(row, flush=True)
+                    results[key][text] = rows
     if args.json:
         write_results(args.json, args, results=results)
     return 0

@@ -13,6 +13,9 @@ as ``ASSISTANT_SECTION_KEY`` (``--set echo.residual_gate_db=40``). Prints a tabl
 (with what the app heard over each reply: ``OverlapHeard`` text and verdict):
 
     python -m bench.stop_requests --trials 3 --json docs/results/stop-requests.json
+
+``--piper-wpm 210`` says the phrases in the bundled Piper voice at that rate (espeak-ng's
+otherwise; the question stays espeak-ng's).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench.duplex_rig import LiveApp, next_turn, reply_playing, settle, utterance
+from bench.duplex_rig import LiveApp, next_turn, piper_utterance, reply_playing, settle, utterance
 from bench.echo_rig import echo_path, private_audio
 from bench.results import write_results
 
@@ -62,10 +65,17 @@ def room(
     settings: dict[str, str],
     heard: dict[str, list[list[str]]],
     said: list[str],
+    piper_wpm: int = 0,
 ) -> dict[str, list[str]]:
-    """``trials`` of each phrase, each in an app of its own (a fresh conversation: long replies)."""
+    """``trials`` of each phrase, each in an app of its own (a fresh conversation: long replies).
+
+    ``piper_wpm``: the phrases in the Piper voice at that rate (0: espeak-ng).
+    """
     question = utterance(folder, "Tell me about the history of Paris.", "question")
-    phrases = {p: utterance(folder, p, f"phrase{i}") for i, p in enumerate(said)}
+    phrases = {}
+    for i, p in enumerate(said):
+        name = f"phrase{i}"
+        phrases[p] = piper_utterance(folder, p, name, piper_wpm) if piper_wpm else utterance(folder, p, name)
     outcomes: dict[str, list[str]] = {p: [] for p in said}
     for n in range(trials):
         for i, (text, wav) in enumerate(phrases.items()):
@@ -92,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rooms", default="headset,speakers")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--phrases", default="|".join(PHRASES), help="the phrases said, '|' between them")
+    parser.add_argument("--piper-wpm", type=int, default=0, help="the phrases in Piper's voice at this rate")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     settings = {}
@@ -107,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             rig = echo_path(env, args.delay_ms, args.gain_db, 2) if name == "speakers" else nullcontext()
             with rig:
                 folder = Path(tempfile.mkdtemp(prefix=f"stop-{name}-"))
-                results[name] = room(env, folder, args.trials, settings, heard.setdefault(name, {}), said)
+                results[name] = room(
+                    env, folder, args.trials, settings, heard.setdefault(name, {}), said, args.piper_wpm
+                )
     kinds = ("stopped", "answered", "played on", "reply over")
     print("| phrase | " + " | ".join(f"{r}: " + " / ".join(kinds) for r in results) + " |")
     print("|---|" + "---:|" * len(results))

@@ -42,9 +42,13 @@ class VadOptions:
     before the onset is kept so soft first syllables reach ASR. An utterance that reaches
     ``max_utterance_s`` is cut at the quietest 32 ms chunk of its last ``cut_search_ms``
     (between words rather than inside one); the rest starts the next turn at once.
+    ``over_reply_threshold`` replaces ``threshold`` while a reply plays and is heard (full
+    duplex, a headset): AEC3's double-talk suppression takes the start of a word said over
+    the reply's echo, and a quick "Stop." then peaked at 0.3-0.5 and was never heard.
     """
 
     threshold: float = field(default=0.5, metadata=bounds(min=0.0, max=1.0))
+    over_reply_threshold: float = field(default=0.4, metadata=bounds(min=0.0, max=1.0))
     neg_threshold: float = field(default=0.35, metadata=bounds(min=0.0, max=1.0))
     min_speech_ms: int = field(default=250, metadata=bounds(min=0, max=60_000))
     onset_ms: int = field(default=96, metadata=bounds(min=0, max=60_000))

@@ -152,6 +152,9 @@ class Endpointer(ChunkFeeder):
     (``SpeechStarted`` at the cut), whose ``SpeechPaused``/``SpeechEnded`` say ``after_cut``.
     Silence under way at the cut still counts towards that turn's end, and its end-of-turn
     policy hears the last :data:`CUT_CONTEXT_S` before the cut too.
+
+    While :attr:`over_reply` is set (a reply plays and the microphone is heard over it) speech
+    begins at ``over_reply_threshold`` rather than ``threshold``.
     """
 
     def __init__(
@@ -171,6 +174,7 @@ class Endpointer(ChunkFeeder):
         self.pre_roll: deque[np.ndarray] = deque(maxlen=pre_chunks)
         self.next_turn_id = 1
         self.closed: _Closed | None = None  # the last turn, until sealed
+        self.over_reply = False
         self._reset_utterance()
 
     def _reset_utterance(self) -> None:
@@ -213,7 +217,8 @@ class Endpointer(ChunkFeeder):
     def _step(self, chunk: np.ndarray, t_end_ns: int) -> list[Event]:
         opts = self.options
         prob = self.model(chunk)
-        speech = prob >= opts.threshold or (self.in_speech and prob >= opts.neg_threshold)
+        threshold = opts.over_reply_threshold if self.over_reply else opts.threshold
+        speech = prob >= threshold or (self.in_speech and prob >= opts.neg_threshold)
         if not self.in_speech:
             if not speech:
                 self.pre_roll.append(chunk)

@@ -97,8 +97,9 @@ class Capture:
                 self.mic.drain()
                 continue
             with self.ids:
-                if decision is MicBlock.FEED_SEALED:
+                if decision in (MicBlock.FEED_SEALED, MicBlock.FEED_OVER_REPLY):
                     self.endpointer.seal()
+                self.endpointer.over_reply = decision is MicBlock.FEED_OVER_REPLY
                 events = self.endpointer.feed(*block)
             for event in events:
                 self.heard(event)

@@ -124,7 +124,9 @@ class TurnEngine(OverlapRules):
         if self._gated:
             self._gated = False
             return MicBlock.RESTART
-        return MicBlock.FEED if open_turn else MicBlock.FEED_SEALED
+        if open_turn:
+            return MicBlock.FEED
+        return MicBlock.FEED_OVER_REPLY if self.speaking() else MicBlock.FEED_SEALED
 
     def handle(self, event: Event, now_ns: int) -> list[Action]:
         """Start, confirm, discard or interrupt the turn's work for one endpointer event."""

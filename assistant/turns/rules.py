@@ -64,3 +64,4 @@ class MicBlock(enum.Enum):
     RESTART = "restart"  # listening again: reset the endpointer, drain the microphone, skip this block
     FEED = "feed"  # feed it; the last turn is still open to more speech
     FEED_SEALED = "feed sealed"  # seal the endpointer first: new speech starts a new turn
+    FEED_OVER_REPLY = "feed over the reply"  # sealed, and a reply plays: ``Endpointer.over_reply``

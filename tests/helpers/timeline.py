@@ -21,14 +21,14 @@ from assistant.stages.smart_turn import TurnScore
 from assistant.stages.vad import CHUNK_MS, CHUNK_NS, CHUNK_SAMPLES, Endpointer
 from assistant.turns.engine import Action, Judge, MicBlock, Start, TurnEngine, TurnRules
 
-LOUD, QUIET = 0.5, 0.0
+LOUD, SOFT, QUIET = 0.5, 0.225, 0.0
 
 
 class LoudnessVad:
-    """A VAD that calls a chunk speech when it is loud (the timeline writes loud speech)."""
+    """A VAD whose speech probability is twice the chunk's peak: 1.0 for loud speech, 0.45 for soft."""
 
     def __call__(self, chunk: np.ndarray) -> float:
-        return 1.0 if float(np.abs(chunk).max()) > 0.1 else 0.0
+        return min(1.0, 2 * float(np.abs(chunk).max()))
 
     def reset(self) -> None:
         """Nothing to forget."""
@@ -79,6 +79,10 @@ class Script:
     def speak(self, ms: float) -> Script:
         return self._play(ms, LOUD)
 
+    def speak_softly(self, ms: float) -> Script:
+        """Speech the VAD gives 0.45: under its threshold, over its threshold over a reply."""
+        return self._play(ms, SOFT)
+
     def pause(self, ms: float) -> Script:
         return self._play(ms, QUIET)
 
@@ -97,8 +101,9 @@ class Script:
             if decision is MicBlock.RESTART:
                 self.endpointer.reset()
                 continue
-            if decision is MicBlock.FEED_SEALED:
+            if decision in (MicBlock.FEED_SEALED, MicBlock.FEED_OVER_REPLY):
                 self.endpointer.seal()
+            self.endpointer.over_reply = decision is MicBlock.FEED_OVER_REPLY
             for event in self.endpointer.feed(np.full(CHUNK_SAMPLES, level, np.float32), self.t_ns):
                 self.events.append(event)
                 self._apply(self.engine.handle(event, self.t_ns))

@@ -283,7 +283,7 @@ def test_a_question_continued_after_its_reply_began_is_answered_as_one_turn(spok
     """ "I would like to know" ... the reply starts ... "how many days are in a week?" """
     records = spoken.app.records()
     first, rest = records[spoken.turns["continuation"]], records[spoken.overlap_turns["continuation"]]
-    assert first["cancelled"] == "continued", first
+    assert first["cancelled"] == "continued", (first, "".join(spoken.app.lines))
     transcript = rest["transcript"].lower()
     assert "know" in transcript and "week" in transcript, rest  # both halves, one user turn
     assert rest["cancelled"] == "", rest

@@ -69,10 +69,23 @@ def verdicts(s: Script) -> list[OverlapVerdict]:
 def test_in_full_duplex_the_microphone_is_heard_over_the_reply_and_gated_without_it():
     s, _ = replying(echo_ok=True)
     s.speak(64)
-    assert s.blocks[-1] is MicBlock.FEED_SEALED  # heard: new speech is a new turn
+    assert s.blocks[-1] is MicBlock.FEED_OVER_REPLY  # heard: new speech is a new turn
     gated, _ = replying(echo_ok=False)
     gated.speak(64)
     assert gated.blocks[-1] is MicBlock.IGNORE  # half duplex: not heard while the reply plays
+
+
+def test_soft_speech_is_heard_over_the_reply_that_would_not_begin_a_turn_without_one():
+    """Over the reply's echo, AEC3 takes the start of a word: a quick "Stop." peaked at 0.3-0.5.
+
+    The endpointer listens with ``over_reply_threshold`` (0.4) while a reply plays.
+    """
+    s, _ = replying()
+    s.speak_softly(160)
+    assert s.blocks[-1] is MicBlock.FEED_OVER_REPLY and SpeechOnset in map(type, s.events)
+    quiet = Script()
+    quiet.speak_softly(500)
+    assert quiet.events == []  # no reply: the same speech is under the threshold
 
 
 def test_speech_over_the_reply_pauses_it_within_200_ms_of_its_onset_and_decides_nothing_yet():
