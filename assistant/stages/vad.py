@@ -191,6 +191,7 @@ class Endpointer(ChunkFeeder):
         self.last_speech_t_ns = 0
         self.paused = False  # SpeechPaused was sent for the silence under way
         self.resume_run = 0  # speech chunks in a row since the pause
+        self.rejoined = False  # the turn had ended once; this speech went on after its endpoint
 
     def reset(self) -> None:
         """Drop any partial utterance and VAD state (e.g. after the mic was muted)."""
@@ -199,6 +200,22 @@ class Endpointer(ChunkFeeder):
         self.pre_roll.clear()
         self.closed = None
         self._reset_utterance()
+
+    def close(self, t_ns: int) -> SpeechEnded | None:
+        """The microphone stops being heard: the speech in progress is forgotten (:meth:`reset`).
+
+        Unless it went on after its turn's endpoint (``SpeechResumed`` ``after_endpoint``):
+        that turn was heard to an end once, so it ends here with all of it (returned), rather
+        than lose the whole question. A UI check: a question ended while the reply before it
+        was cut, the next reply's echo reopened it, the echo path moved and the microphone
+        closed, and the question was dropped ("not heard").
+        """
+        ended = None
+        if self.rejoined and self.turn_id:
+            audio = self._audio()
+            ended = SpeechEnded(self.turn_id, t_ns, self.last_speech_t_ns, audio, after_cut=self.after_cut)
+        self.reset()
+        return ended
 
     def seal(self) -> None:
         """The last turn is being answered aloud: later speech starts a new turn."""
@@ -256,6 +273,7 @@ class Endpointer(ChunkFeeder):
                 self.turn_id, self.after_cut, self.context = closed.turn_id, closed.after_cut, closed.context
                 self.chunks = closed.chunks + self.chunks
                 self.flags = closed.flags + self.flags
+                self.rejoined = True
                 events.append(SpeechResumed(closed.turn_id, t_end_ns, after_endpoint=True))
             else:
                 events.append(SpeechOnset(self.turn_id or self.next_turn_id, t_end_ns, self.onset_t_ns))

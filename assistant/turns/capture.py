@@ -88,7 +88,7 @@ class Capture:
                 self.on_level(MicLevel(self.current_turn(), block[1], level_db(block[0])))
             decision = self.gate(self.duplex is not None and self.duplex.probing(block[1]))
             if decision is MicBlock.CLOSE:
-                self._forget_speech(self.unheard)
+                self._close(block[1])
                 continue
             if decision is MicBlock.IGNORE:
                 continue
@@ -104,6 +104,18 @@ class Capture:
             for event in events:
                 self.heard(event)
             self.after_block()
+
+    def _close(self, t_ns: int) -> None:
+        """The microphone stops being heard: the speech in progress is forgotten, ``unheard`` told.
+
+        A turn that had ended once and went on is ended there instead, and answered (``heard``).
+        """
+        with self.ids:
+            turn = self.endpointer.turn_id
+            ended = self.endpointer.close(t_ns)
+        if ended is not None:
+            self.heard(ended)
+        self.unheard(0 if ended is not None else turn)
 
     def _forget_speech(self, tell: Callable[[int], None]) -> None:
         """Forget the speech in progress, then ``tell`` the loop its turn (0: none)."""

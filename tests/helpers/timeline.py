@@ -93,8 +93,11 @@ class Script:
             self.blocks.append(decision)
             if decision is MicBlock.CLOSE:  # as the capture thread does
                 turn = self.endpointer.turn_id
-                self.endpointer.reset()
-                self._apply(self.engine.unheard(turn, self.t_ns))
+                ended = self.endpointer.close(self.t_ns)
+                if ended is not None:
+                    self.events.append(ended)
+                    self._apply(self.engine.handle(ended, self.t_ns))
+                self._apply(self.engine.unheard(0 if ended is not None else turn, self.t_ns))
                 continue
             if decision is MicBlock.IGNORE:
                 continue

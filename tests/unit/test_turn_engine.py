@@ -139,6 +139,25 @@ def test_speech_after_the_endpoint_but_before_the_reply_rejoins_the_turn():
     assert not s.plays(first.attempt)  # the discarded reply may not play
 
 
+def test_a_turn_that_went_on_after_its_endpoint_is_answered_when_the_microphone_closes():
+    """It had ended once: closing the microphone (a reply beginning in half duplex) ends it there.
+
+    A UI check: a spoken question waited behind a typed one, the typed reply's echo reopened it
+    (``SpeechResumed`` after the endpoint), the echo path moved and the microphone closed: the
+    whole question was dropped ("not heard").
+    """
+    s = Script().speak(1000).pause(400)  # ended and confirmed; its reply has not begun
+    first = s.of(Start)[0]
+    s.speak(300)  # it goes on: the run is discarded
+    assert Discard(first.attempt, DiscardReason.SPEECH_RESUMED) in s.of(Discard)
+    s.closed = True
+    s.speak(64)
+    assert not [e for e in s.of(Emit) if isinstance(e.event, TurnCancelled)], s.actions
+    again = s.of(Start)[-1]
+    assert again.turn_id == 1 and again.confirmed and again is not first
+    assert isinstance(again.first, SpeechEnded) and again.first.duration_ms >= 1300  # all of it
+
+
 def test_once_the_reply_plays_the_microphone_is_not_heard_and_new_speech_is_a_new_turn():
     s = Script().speak(1000).pause(400)
     first = s.of(Start)[0]
