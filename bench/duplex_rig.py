@@ -133,7 +133,7 @@ def utterance(folder: Path, text: str, name: str, gain_db: float = 0.0, **voice:
     return write_wav(folder / f"{name}.wav", np.concatenate([silence(0.2), audio, silence(0.2)]))
 
 
-def piper_utterance(folder: Path, text: str, name: str, wpm: int) -> Path:
+def piper_speech(text: str, wpm: int) -> np.ndarray:
     """``text`` in the bundled Piper voice at ``wpm``, at its own level, with 0.2 s of silence around it."""
     from assistant.config import ModelSettings
     from assistant.config.sections import TtsOptions
@@ -143,7 +143,12 @@ def piper_utterance(folder: Path, text: str, name: str, wpm: int) -> Path:
     store = ModelStore(ModelSettings().store_dir)
     with PiperSynthesizer(TtsOptions(engine="piper", rate_wpm=wpm), store) as piper:
         audio = piper.synthesize(text)
-    return write_wav(folder / f"{name}.wav", np.concatenate([silence(0.2), audio, silence(0.2)]))
+    return np.concatenate([silence(0.2), audio, silence(0.2)])
+
+
+def piper_utterance(folder: Path, text: str, name: str, wpm: int) -> Path:
+    """:func:`piper_speech` as a WAV."""
+    return write_wav(folder / f"{name}.wav", piper_speech(text, wpm))
 
 
 def burst(folder: Path, name: str = "cough", seconds: float = 0.18, dbfs: float = -12) -> Path:

@@ -32,7 +32,7 @@ import numpy as np
 import soundfile
 
 from assistant.config import ModelSettings
-from assistant.config.sections import EchoOptions, TtsOptions, VadOptions
+from assistant.config.sections import EchoOptions, VadOptions
 from assistant.events import OnsetEnded, OverlapVerdict, SpeechOnset, SpeechPaused
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.echo import EchoCanceller, load_processor
@@ -41,7 +41,7 @@ from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.hearing import Hearing
 from assistant.turns.overlap_words import judge
 from bench.corpus import ECHO_REPLY as REPLY
-from bench.duplex_rig import utterance
+from bench.duplex_rig import piper_speech, utterance
 from bench.results import write_results
 from store.bundled import ModelStore
 
@@ -127,14 +127,7 @@ def spoken_word(folder: Path, text: str, voices: str) -> dict[str, np.ndarray]:
     if voices == "espeak":
         paths = {v: utterance(folder, text, f"w{len(text)}-{text[:4]}-{v}", **kw) for v, kw in VOICES.items()}
         return {v: soundfile.read(path, dtype="float32")[0] for v, path in paths.items()}
-    from assistant.stages.tts_piper import PiperSynthesizer
-
-    store, pad = ModelStore(ModelSettings().store_dir), np.zeros(SAMPLE_RATE_HZ // 5, np.float32)
-    words = {}
-    for v, wpm in PIPER_RATES.items():
-        with PiperSynthesizer(TtsOptions(engine="piper", rate_wpm=wpm), store) as piper:
-            words[v] = np.concatenate([pad, piper.synthesize(text), pad])
-    return words
+    return {v: piper_speech(text, wpm) for v, wpm in PIPER_RATES.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

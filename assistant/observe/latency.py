@@ -263,8 +263,9 @@ def build_record(
     speculated = None if not endpoint else 0.0
     if endpoint and ts.get("speculation_start"):
         speculated = max(_ms(ts["speculation_start"], min(endpoint, work_end or endpoint)) or 0.0, 0.0)
-    queued = max(_ms(endpoint, ts.get("queued_until")) or 0.0, 0.0) if endpoint else None
-    asr = _ms(max(endpoint, ts.get("queued_until") or 0) if endpoint else None, ts.get("transcript"))
+    asr_from = max(endpoint, ts.get("queued_until", 0)) if endpoint else None  # after any wait
+    queued = _ms(endpoint, asr_from)
+    asr = _ms(asr_from, ts.get("transcript"))
     rec.metrics = {
         "endpointing_ms": _ms(ts.get("speech_end"), endpoint),
         "turn_detection_ms": decision.inference_ms if decision and decision.reason == "model" else None,
