@@ -12,8 +12,10 @@ the private virtual PulseAudio; meanwhile one load runs in the same process:
   GIL about MS ms (what a full collection in the UI did).
 
 A load may end with ``@MS``: the GIL switch interval for it (Python's default 5 ms; the UI
-sets 0.2). Each load runs ``--seconds`` after the stream's start-up. Prints a markdown table and
-writes JSON (``--json``).
+sets 0.2). Each load runs ``--seconds`` after the stream's start-up. Also how late the speaker's
+callback stamped its blocks (``Speaker.far_end``, the echo canceller's reference) against the
+same blocks back to back: median and worst, after the earliest (an xrun restarts the stream and
+breaks the back-to-back count). Prints a markdown table and writes JSON (``--json``).
 
     VIRTUAL_AUDIO_RUNTIME=/tmp/pa-xruns python -m bench.xruns --json xruns.json
 """
@@ -63,6 +65,16 @@ def _hold(stop: threading.Event, ms: float, held: list[float]) -> None:
     del heap
 
 
+def stamp_lateness(blocks: list[tuple[np.ndarray, int]], rate_hz: int) -> dict[str, float]:
+    """How much later than back to back each block was stamped: median and worst (ms)."""
+    if len(blocks) < 2:
+        return {"stamp_late_ms_median": float("nan"), "stamp_late_ms_max": float("nan")}
+    played = np.cumsum([0] + [block.shape[0] for block, _ in blocks[:-1]]) * 1e9 / rate_hz
+    offsets = np.array([t_ns for _, t_ns in blocks]) - blocks[0][1] - played
+    late = (offsets - offsets.min()) / 1e6
+    return {"stamp_late_ms_median": float(np.median(late)), "stamp_late_ms_max": float(late.max())}
+
+
 def run(load: str, seconds: float) -> dict:
     """One load: the streams' xruns, the microphone blocks' largest gap, the GIL holds."""
     from assistant.config.sections import AudioOptions
@@ -101,6 +113,7 @@ def run(load: str, seconds: float) -> dict:
     tone = 0.1 * np.sin(np.arange(16_000 * int(seconds + 5)) * 2 * np.pi * 440 / 16_000)
     time.sleep(3)  # a stream on a PulseAudio just started settles first
     xruns = speaker.xruns, mic.xruns
+    speaker.far_end.clear()
     for thread in threads:
         thread.start()
     for proc in procs:
@@ -115,6 +128,7 @@ def run(load: str, seconds: float) -> dict:
         "microphone_xruns": mic.xruns - xruns[1],
         "mic_gap_max_ms": max(gaps[5:], default=0) / 1e6,
         "gil_held_ms": [round(h) for h in held],
+        **stamp_lateness(list(speaker.far_end), speaker.rate_hz),
         "output_latency_ms": speaker.output_latency_ms,
     }
     stop.set()
@@ -140,13 +154,17 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run(load, args.seconds))
             print(rows[-1], flush=True)
     print(f"\n{args.seconds:g} s a load, output latency {rows[0]['output_latency_ms']:.0f} ms")
-    print("| load | switch interval | speaker xruns | microphone xruns | largest mic gap | GIL held (each) |")
-    print("|---|---:|---:|---:|---:|---|")
+    print(
+        "| load | switch interval | speaker xruns | microphone xruns | largest mic gap "
+        "| speaker stamps late, median / worst | GIL held (each) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         held = ", ".join(map(str, r["gil_held_ms"])) + " ms" if r["gil_held_ms"] else ""
         print(
             f"| {r['load']} | {r['switch_interval_ms']:g} ms | {r['speaker_xruns']} | "
-            f"{r['microphone_xruns']} | {r['mic_gap_max_ms']:.0f} ms | {held} |"
+            f"{r['microphone_xruns']} | {r['mic_gap_max_ms']:.0f} ms | "
+            f"{r['stamp_late_ms_median']:.1f} / {r['stamp_late_ms_max']:.1f} ms | {held} |"
         )
     if args.json:
         write_results(args.json, args, rows=rows)
