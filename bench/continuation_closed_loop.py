@@ -10,9 +10,11 @@ the rest's onset. Before it the canceller heard ``--warm``: ``reply`` (5 s of a 
 canceller that has converged on speech), ``probe`` (the app's start-up hiss alone, as before a
 session's first reply) or ``probe:SECONDS:DBFS``. The question joined to the rest is transcribed
 from each view of the rest: ``gated`` (the app's), ``aec3`` (AEC3's output before the gate),
-``near`` (the microphone as it came in, echo and all) and ``clean`` (the user alone):
+``linear`` (the echo subtracted by a linear fit alone, as the judge of a stop request hears it:
+``Duplex.unsuppressed``; none without a second of echo before the speech), ``near`` (the
+microphone as it came in, echo and all) and ``clean`` (the user alone):
 
-    python -m bench.continuation_closed_loop --warm probe --json docs/results/continuation-closed-loop.json
+    python -m bench.continuation_closed_loop --warm probe --json continuation-probe.json
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from assistant.config.sections import EchoOptions, VadOptions
 from assistant.events import SpeechEnded, SpeechOnset
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.echo import EchoCanceller, load_processor
-from assistant.stages.echo_linear import AudioTail, fractional_read
+from assistant.stages.echo_linear import AudioTail, EchoTrack, fractional_read
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.duplex import probe_signal
 from assistant.turns.hearing import joined
@@ -42,7 +44,7 @@ from bench.stop_closed_loop import BLOCK, ECHO, PIPER_RATES
 from store.bundled import ModelStore
 
 FIRST, REST = "I would like to know", "how many days are in a week?"
-VIEWS = ("gated", "aec3", "near", "clean")
+VIEWS = ("gated", "aec3", "linear", "near", "clean")
 WARM_S = 5.0
 PAUSE_MS = 100  # the reply stops this long after the rest's onset (the app: ~15-50 ms + 64 ms)
 DRIFT = 1e-4  # the rig's echo delay grows 0.1 ms a second
@@ -76,7 +78,8 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
     options = EchoOptions(enabled="on")
     canceller = EchoCanceller(options, load_processor(options))
     endpointer = Endpointer(VadOptions())
-    tails = {view: AudioTail(20) for view in VIEWS[1:]}
+    tails = {view: AudioTail(20) for view in ("aec3", "near", "clean")}
+    track = EchoTrack(20)
     cut, question, onset_s = None, None, None
     for i in range(0, n - BLOCK + 1, BLOCK):
         idx = np.arange(i, i + BLOCK)
@@ -86,8 +89,10 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
             mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
         t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
         canceller.play(far[i : i + 2 * BLOCK], t_ns)  # the speaker's callback writes a block ahead
+        track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
         out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
         t_end_ns = t_ns + (out.audio.size - 1) * 62_500
+        track.add_near(out.near, t_end_ns)
         tails["aec3"].add(out.audio, t_end_ns)
         tails["near"].add(out.near, t_end_ns)
         tails["clean"].add(user[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
@@ -106,6 +111,9 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
                     span = tail.span(event.t_ns, event.audio.size)
                     if span is not None:
                         views[view] = span
+                if (echo := track.span(event.t_ns, event.audio.size)) is not None:
+                    if (cleaned := echo.cleaned()) is not None:
+                        views["linear"] = cleaned
                 texts = {v: asr.transcribe(joined(question, a)).text.strip() for v, a in views.items()}
                 return {"onset_s": onset_s, "texts": texts, "lost": {v: lost(t) for v, t in texts.items()}}
     return {"onset_s": onset_s, "texts": {}, "lost": {}}
@@ -137,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             missing = "; ".join(f"{v}: {' '.join(w)}" for v, w in row["lost"].items() if w)
             print(f"{voice} +{after_s:.2f} s: {missing or 'nothing lost'}", flush=True)
     words = len(lost(""))
-    print(f"\n| view ({args.warm}) | rest words lost | trials with a loss |\n|---|---:|---:|")
+    print(f"\n| view ({args.warm}) | rest words lost | trials with a loss | trials without the view |")
+    print("|---|---:|---:|---:|")
     for view in VIEWS:
-        losses = [len(r["lost"].get(view, lost(""))) for r in rows]
+        losses = [len(r["lost"][view]) for r in rows if view in r["lost"]]
         trials = sum(x > 0 for x in losses)
-        print(f"| {view} | {sum(losses)} of {words * len(rows)} | {trials} of {len(rows)} |")
+        without = len(rows) - len(losses)
+        print(f"| {view} | {sum(losses)} of {words * len(losses)} | {trials} of {len(losses)} | {without} |")
     if args.json:
         write_results(args.json, args, rows=rows)
     return 0
