@@ -5,12 +5,13 @@ VAD, tiny.en's joined pass of :meth:`~assistant.turns.hearing.Hearing.transcribe
 first half "I would like to know" in silence, the reply (espeak-ng) 0.5 s after it, then "how
 many days are in a week?" ``--after`` seconds after the reply's first sound, all in the Piper
 voice at four rates. The reply's echo reaches the microphone as on the echo rig (60 ms, -13 dB,
-a reflection 23 ms later at -19 dB, a drift of 0.1 ms a second); the reply stops 100 ms after
-the rest's onset. Before it the canceller heard ``--warm``: ``reply`` (5 s of a reply: a
-canceller that has converged on speech), ``probe`` (the app's start-up hiss alone, as before a
-session's first reply) or ``probe:SECONDS:DBFS``. The question joined to the rest is transcribed
-from each view of the rest: ``gated`` (the app's), ``aec3`` (AEC3's output before the gate),
-``linear`` (the echo subtracted by a linear fit alone, as the judge of a stop request hears it:
+a reflection 23 ms later at -19 dB, a drift of 0.1 ms a second; ``--echo-db`` sets its level);
+the reply stops 100 ms after the rest's onset. Before it the canceller heard ``--warm``:
+``reply`` (5 s of a reply: a canceller that has converged on speech; ``reply:SECONDS``),
+``probe`` (the app's start-up hiss alone, as before a session's first reply) or
+``probe:SECONDS:DBFS``. The question joined to the rest is transcribed from each view of
+the rest: ``gated`` (the app's), ``aec3`` (AEC3's output before the gate), ``linear`` (the echo
+subtracted by a linear fit alone, as the judge of a stop request hears it:
 ``Duplex.unsuppressed``; none without a second of echo before the speech), ``near`` (the
 microphone as it came in, echo and all) and ``clean`` (the user alone):
 
@@ -40,7 +41,7 @@ from assistant.turns.hearing import joined
 from bench.corpus import ECHO_REPLY
 from bench.duplex_rig import piper_speech, utterance
 from bench.results import write_results
-from bench.stop_closed_loop import BLOCK, ECHO, PIPER_RATES
+from bench.stop_closed_loop import BLOCK, PIPER_RATES
 from store.bundled import ModelStore
 
 FIRST, REST = "I would like to know", "how many days are in a week?"
@@ -53,8 +54,9 @@ DRIFT = 1e-4  # the rig's echo delay grows 0.1 ms a second
 def warmed(warm: str, n: int, reply: np.ndarray) -> np.ndarray:
     """The far end, ``n`` samples of silence but what the canceller heard in the first :data:`WARM_S`."""
     far, end = np.zeros(n, np.float32), int(WARM_S * SAMPLE_RATE_HZ)
-    if warm == "reply":
-        far[:end] = reply[:end]
+    if warm.startswith("reply"):
+        seconds = float(warm.split(":")[1]) if ":" in warm else WARM_S
+        far[end - int(seconds * SAMPLE_RATE_HZ) : end] = reply[: int(seconds * SAMPLE_RATE_HZ)]
     elif warm.startswith("probe"):
         seconds, dbfs = map(float, warm.split(":")[1:]) if ":" in warm else (0.8, -24.0)
         hiss = probe_signal(seconds, dbfs)
@@ -63,7 +65,7 @@ def warmed(warm: str, n: int, reply: np.ndarray) -> np.ndarray:
 
 
 def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarray, after_s: float,
-          warm: str) -> dict[str, Any]:  # fmt: skip
+          warm: str, echo_db: float = -13.0) -> dict[str, Any]:  # fmt: skip
     """The joined transcript from each view, and when the rest's onset came after the reply's start."""
     question_at = int((WARM_S + 1.5) * SAMPLE_RATE_HZ)
     reply_at = question_at + first.size + SAMPLE_RATE_HZ // 2
@@ -83,7 +85,7 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
     cut, question, onset_s = None, None, None
     for i in range(0, n - BLOCK + 1, BLOCK):
         idx = np.arange(i, i + BLOCK)
-        for delay_ms, gain in ECHO:
+        for delay_ms, gain in ((60, 10 ** (echo_db / 20)), (83, 10 ** ((echo_db - 6) / 20))):
             src = idx - delay_ms * 16 - DRIFT * idx
             heard = src >= 0
             mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
@@ -131,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--after", default="0.1,0.25,0.4,0.6", help="seconds after the reply's start, ',' between"
     )
+    parser.add_argument(
+        "--echo-db", type=float, default=-13.0, help="the echo's level (its reflection 6 dB under)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     asr = Transcriber(AsrOptions(device="cpu", cpu_threads=2), ModelStore(ModelSettings().store_dir))
@@ -140,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     for voice, wpm in PIPER_RATES.items():
         first, rest = piper_speech(FIRST, wpm), piper_speech(REST, wpm)
         for after_s in map(float, args.after.split(",")):
-            row = {"voice": voice, "after_s": after_s, **trial(asr, reply, first, rest, after_s, args.warm)}
+            row = {
+                "voice": voice,
+                "after_s": after_s,
+                **trial(asr, reply, first, rest, after_s, args.warm, args.echo_db),
+            }
             rows.append(row)
             missing = "; ".join(f"{v}: {' '.join(w)}" for v, w in row["lost"].items() if w)
             print(f"{voice} +{after_s:.2f} s: {missing or 'nothing lost'}", flush=True)

@@ -166,6 +166,11 @@ class EchoCanceller:
             self._origin_ns = t_ns
         return round((t_ns - self._origin_ns) * SAMPLE_RATE_HZ / 1e9)
 
+    @property
+    def far_heard_s(self) -> float:
+        """Seconds of far end (above -50 dBFS) the canceller has processed, the probe's included."""
+        return self._far_frames * FRAME_SAMPLES / SAMPLE_RATE_HZ
+
     def play(self, samples: np.ndarray, t_ns: int) -> None:
         """Note far-end ``samples`` (16 kHz float32 or int16) whose first leaves the speaker at ``t_ns``."""
         pcm = _int16(samples)

@@ -42,11 +42,18 @@ class EchoSpan:
 
     ``near`` holds the fitted stretch (:data:`FIT_S` + :data:`GAP_S`) and then the speech: its
     last ``samples``. ``far`` ends with it and starts :data:`LEAD_S` earlier (the echo's delay).
+    ``settling``: the canceller had not yet heard enough of the far end to converge on speech
+    (``Duplex.unsuppressed``), and its suppressor may have taken the speech's first syllables.
     """
 
     near: np.ndarray
     far: np.ndarray
     samples: int
+    settling: bool = False
+
+    def microphone(self) -> np.ndarray:
+        """The speech as the microphone heard it, echo and all."""
+        return self.near[self.near.size - self.samples :]
 
     def cleaned(self) -> np.ndarray | None:
         """The speech with the echo the fit predicts subtracted; ``None`` if nothing played before it."""

@@ -16,6 +16,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -55,6 +56,11 @@ STALL_NS = 150_000_000
 # stall, full duplex on that, four pauses for the reply's own echo): as after a move.
 STEADY_MS = 2000
 STEADY_WITHIN_MS = 5.0
+# Until the canceller has heard this much far end (the probe's 0.8 s and a first reply), its
+# suppressor takes the first syllables of words said over a reply with the echo: the rest of a
+# question said at a session's first reply lost 8 of 112 words, still 1 after 2 s of a reply,
+# none after 5 s (bench.continuation_closed_loop, docs/benchmarks.md).
+SETTLED_FAR_S = 6.0
 
 
 def probe_signal(seconds: float = PROBE_S, dbfs: float = PROBE_DBFS) -> np.ndarray:
@@ -229,11 +235,14 @@ class Duplex:
         :meth:`EchoSpan.cleaned <assistant.stages.echo_linear.EchoSpan.cleaned>` gives the same
         stretch with the echo subtracted by a linear fit alone. ``None`` without a canceller,
         with no echo path (a headset: the microphone passed as it was), or when the stretch is
-        no longer kept.
+        no longer kept. ``settling`` while the canceller has heard under :data:`SETTLED_FAR_S`
+        of far end.
         """
         if self.canceller is None or self.canceller.echo_free:
             return None
-        return self._unsuppressed.span(t_end_ns, samples)
+        span = self._unsuppressed.span(t_end_ns, samples)
+        settling = self.canceller.far_heard_s < SETTLED_FAR_S
+        return replace(span, settling=True) if span is not None and settling else span
 
     def _feed_far_end(self, until_ns: int) -> None:
         """Hand the canceller what the speaker played up to ``until_ns``.

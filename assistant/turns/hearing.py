@@ -121,6 +121,7 @@ class Hearing:
         said: Said | None = None,
         ungated: np.ndarray | None = None,
         short: bool = False,
+        raw: np.ndarray | None = None,
     ) -> Overheard:
         """The words of speech over a reply, which decide what the speech was.
 
@@ -155,6 +156,14 @@ class Hearing:
         as "time." (words, so not looked at again) in a user check on the echo rig; when the
         ungated words are neither, the gated ones are transcribed too and count only as a stop
         request.
+
+        ``raw``: the same speech as the microphone heard it, given while the canceller has not
+        yet converged on speech (the start of a session): its suppressor then takes the first
+        syllables of words said over a reply with the echo ("how many days are in a week?" read
+        "Any days are in a week."). Words that may continue the question are judged as above,
+        and the question joined to ``raw`` is transcribed again for the turn (``joined``): in
+        closed loop it lost 0 of 112 words where the gated speech lost 8, and 1 where it lost
+        12 with the echo 10 dB louder (``bench.continuation_closed_loop``).
         """
         if ungated is not None and np.array_equal(ungated, audio):
             ungated = None  # the gate left it alone (a headset): nothing more to hear in it
@@ -167,6 +176,8 @@ class Hearing:
             if said is not None:
                 whole = self.transcriber.transcribe(joined(said.audio, audio))
                 text, doubtful = rest_after(said.text, whole.text), False
+                if raw is not None and judge(text) is OverlapVerdict.BARGE_IN:
+                    whole = self.transcriber.transcribe(joined(said.audio, raw))  # the turn's words
             else:
                 whole, result = None, self.transcriber.transcribe(audio, quick=True)
                 text, doubtful = result.text.strip(), result.no_speech_prob >= OVERLAP_NO_SPEECH

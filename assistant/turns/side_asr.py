@@ -93,5 +93,6 @@ class SideTranscripts:
         while (job := self.judgements.get()) is not None:
             # the fit (~0.2 s of CPU) on this thread, not the turn engine's
             ungated = job.ungated.cleaned() if job.ungated is not None else None
-            overheard = self.pipeline.hearing.transcribe_overlap(job.audio, job.said, ungated, job.short)
+            raw = job.ungated.microphone() if job.ungated is not None and job.ungated.settling else None
+            overheard = self.pipeline.hearing.transcribe_overlap(job.audio, job.said, ungated, job.short, raw)
             self.heard(job.turn, overheard, time.monotonic_ns())

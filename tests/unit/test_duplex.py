@@ -382,3 +382,31 @@ def test_a_word_over_the_reply_is_heard_whole_though_the_speakers_clock_jitters(
     said, echo = word[done - 16000 : done], room(reply)[done - 16000 : done]
     assert 10 * np.log10(np.sum(echo**2) / np.sum((heard - said) ** 2)) > 20
     assert np.corrcoef(heard, said)[0, 1] > 0.99
+
+
+def test_speech_over_the_first_replies_of_a_session_comes_with_the_microphone_as_it_heard_it() -> None:
+    """``Duplex.unsuppressed`` marks a span ``settling`` until the canceller has heard enough far end.
+
+    At a session's first reply AEC3 has converged on the probe's hiss alone, and its suppressor
+    takes the first syllables of a question's rest said over the reply ("how many" read "Any"),
+    which the microphone as it came in keeps (bench.continuation_closed_loop).
+    """
+    speaker, mic = ScriptedSpeaker(far_end=deque()), ScriptedMicrophone()
+    duplex = Duplex(canceller(), "on", speaker, mic, probe=False)  # type: ignore[arg-type]
+    reply = probe_signal(duplex_module.SETTLED_FAR_S + 2, -20)
+    word = np.zeros_like(reply)
+    word[3 * 16000 : 4 * 16000] = 0.03 * np.random.default_rng(3).standard_normal(16000)
+    near, t0, blocks = room(reply) + word, 10**12, range(0, len(reply) - BLOCK + 1, BLOCK)
+    assert speaker.far_end is not None
+    speaker.far_end.extend((reply[i : i + BLOCK], t0 + k * BLOCK_NS) for k, i in enumerate(blocks))
+    spans = []
+    for k, i in enumerate(blocks):
+        duplex.clean(near[i : i + BLOCK], t0 + (k + 1) * BLOCK_NS)
+        if (k + 1) * BLOCK in (4 * 16000, len(blocks) * BLOCK):
+            done = (k + 1) * BLOCK // 160 * 160  # whole 10 ms frames went through
+            spans.append((done, duplex.unsuppressed(t0 + done * 62_500, 16000)))
+    (early_at, early), (_, settled) = spans
+    assert early is not None and early.settling and settled is not None and not settled.settling
+    heard = early.microphone()
+    assert heard.size == 16000
+    assert np.allclose(heard, near[early_at - 16000 : early_at], atol=2 / 32768)  # as int16 went in

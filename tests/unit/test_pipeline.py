@@ -498,6 +498,42 @@ def test_speech_in_the_window_is_transcribed_once_joined_to_the_question_and_jud
     assert backchannel.text == "Mm-hmm."
 
 
+class ViewAsr(ScriptedAsr):
+    """Hears ``texts[0]`` in the joined pass over zeros (the gated view), ``texts[1]`` over the rest."""
+
+    def transcribe(self, audio, quick=False, long_form=False, partial=False) -> TranscriptResult:
+        self.heard.append((audio.size, quick, long_form))
+        text = self.texts[0] if not audio.any() else self.texts[1]
+        return TranscriptResult(text, 1000 * audio.size / RATE, 5.0, "en", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("gated", "raw_passes"),
+    [("I would like to know. Any days are in a week.", 1), ("Tell me about Paris. Mm-hmm.", 0)],
+)
+def test_words_in_the_window_while_the_canceller_settles_are_transcribed_for_the_turn_as_the_mic_heard_them(
+    gated, raw_passes
+):
+    """At a session's first reply AEC3's suppressor took "how many" of the rest ("Any days are in a week.").
+
+    The words are judged as they were (the gated view); the turn's transcript is the question
+    joined to the microphone as it heard them. A backchannel needs no second pass.
+    """
+    from assistant.turns.hearing import Hearing
+    from assistant.turns.protocols import Said
+
+    question, rest = gated.split(". ", 1)[0], "I would like to know how many days are in a week."
+    asr = ViewAsr([gated, rest])
+    raw = np.ones(RATE, np.float32)
+    overheard = Hearing(asr, lambda _event: None).transcribe_overlap(
+        np.zeros(RATE, np.float32), Said(np.zeros(RATE, np.float32), question), raw=raw
+    )
+    assert overheard.text == gated.split(". ", 1)[1]  # judged on the gated view, as before
+    assert overheard.joined is not None
+    assert overheard.joined.text == (rest if raw_passes else gated)
+    assert len(asr.heard) == 1 + raw_passes
+
+
 def test_a_continued_question_judged_joined_needs_no_asr_pass_of_its_own():
     from assistant.turns.hearing import CONTINUATION_GAP_SAMPLES, Hearing
 
