@@ -34,14 +34,14 @@ from assistant.config.sections import EchoOptions, VadOptions
 from assistant.events import SpeechEnded, SpeechOnset
 from assistant.stages.asr import AsrOptions, Transcriber
 from assistant.stages.echo import EchoCanceller, load_processor
-from assistant.stages.echo_linear import AudioTail, EchoTrack, fractional_read
+from assistant.stages.echo_linear import AudioTail, EchoTrack
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.duplex import probe_signal
 from assistant.turns.hearing import joined
 from bench.corpus import ECHO_REPLY
 from bench.duplex_rig import piper_speech, utterance
 from bench.results import write_results
-from bench.stop_closed_loop import BLOCK, PIPER_RATES
+from bench.stop_closed_loop import BLOCK, PIPER_RATES, add_echo, cancel_block
 from store.bundled import ModelStore
 
 FIRST, REST = "I would like to know", "how many days are in a week?"
@@ -83,21 +83,14 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
     tails = {view: AudioTail(20) for view in ("aec3", "near", "clean")}
     track = EchoTrack(20)
     cut, question, onset_s = None, None, None
+    paths = ((60, 10 ** (echo_db / 20)), (83, 10 ** ((echo_db - 6) / 20)))
     for i in range(0, n - BLOCK + 1, BLOCK):
-        idx = np.arange(i, i + BLOCK)
-        for delay_ms, gain in ((60, 10 ** (echo_db / 20)), (83, 10 ** ((echo_db - 6) / 20))):
-            src = idx - delay_ms * 16 - DRIFT * idx
-            heard = src >= 0
-            mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
-        t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
-        canceller.play(far[i : i + 2 * BLOCK], t_ns)  # the speaker's callback writes a block ahead
-        track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
-        out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
-        t_end_ns = t_ns + (out.audio.size - 1) * 62_500
-        track.add_near(out.near, t_end_ns)
+        add_echo(mic, far, i, paths, DRIFT)
+        out, t_end_ns = cancel_block(canceller, track, far, mic[i : i + BLOCK] + user[i : i + BLOCK], i)
         tails["aec3"].add(out.audio, t_end_ns)
         tails["near"].add(out.near, t_end_ns)
-        tails["clean"].add(user[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
+        clean_end_ns = 10**12 + (i + BLOCK - 1) * 1_000_000_000 // SAMPLE_RATE_HZ
+        tails["clean"].add(user[i : i + BLOCK], clean_end_ns)
         endpointer.over_reply = reply_at <= i and (cut is None or i < cut)
         for event in endpointer.feed(out.vad, t_end_ns):
             if isinstance(event, SpeechEnded) and question is None:

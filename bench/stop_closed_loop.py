@@ -35,7 +35,7 @@ from assistant.config import ModelSettings
 from assistant.config.sections import EchoOptions, VadOptions
 from assistant.events import OnsetEnded, OverlapVerdict, SpeechOnset, SpeechPaused
 from assistant.stages.asr import AsrOptions, Transcriber
-from assistant.stages.echo import EchoCanceller, load_processor
+from assistant.stages.echo import Cancelled, EchoCanceller, load_processor
 from assistant.stages.echo_linear import AudioTail, EchoTrack, fractional_read
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.hearing import Hearing
@@ -80,18 +80,9 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
     endpointer.over_reply = True  # a reply plays (or is paused) throughout
     cut: int | None = None  # the far-end sample where the reply stops
     for i in range(0, n - BLOCK + 1, BLOCK):
-        idx = np.arange(i, i + BLOCK)
-        for delay_ms, gain in ECHO:  # the echo path, its delay growing with the drift
-            src = idx - delay_ms * 16 - drift * idx  # the rig's loopback resamples: a fraction of a sample
-            heard = src >= 0
-            mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
-        t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
-        canceller.play(far[i : i + 2 * BLOCK], t_ns)  # the speaker's callback writes a block ahead
-        track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
-        out = canceller.process(mic[i : i + BLOCK] + user[i : i + BLOCK], t_ns)
-        t_end_ns = t_ns + (out.audio.size - 1) * 62_500
+        add_echo(mic, far, i, ECHO, drift)
+        out, t_end_ns = cancel_block(canceller, track, far, mic[i : i + BLOCK] + user[i : i + BLOCK], i)
         ungated.add(out.audio, t_end_ns)
-        track.add_near(out.near, t_end_ns)
         for event in endpointer.feed(out.vad, t_end_ns):
             if isinstance(event, SpeechOnset) and cut is None:
                 cut = i + BLOCK + pause_ms * 16
@@ -107,6 +98,34 @@ def trial(hearing: Hearing, reply: np.ndarray, word: np.ndarray, onset_s: float,
                 sounded = (cut + int(ECHO[-1][0] * 16) - onset) / 16 if cut is not None else None
                 return text, sounded
     return "(not heard as speech)", None
+
+
+def add_echo(mic: np.ndarray, far: np.ndarray, i: int, paths: tuple[tuple[int, float], ...],
+             drift: float) -> None:  # fmt: skip
+    """Add to ``mic``'s block at ``i`` the echo of ``far`` along each (delay ms, gain) path.
+
+    Each delay grows with ``drift``: the rig's loopback resamples, by a fraction of a sample.
+    """
+    idx = np.arange(i, i + BLOCK)
+    for delay_ms, gain in paths:
+        src = idx - delay_ms * 16 - drift * idx
+        heard = src >= 0
+        mic[idx[heard]] += gain * fractional_read(far, src[heard]).astype(np.float32)
+
+
+def cancel_block(canceller: EchoCanceller, track: EchoTrack, far: np.ndarray, near: np.ndarray,
+                 i: int) -> tuple[Cancelled, int]:  # fmt: skip
+    """The microphone's block ``near`` (at sample ``i``) through the canceller; its output's last time.
+
+    The far end goes in a block ahead, as the speaker's callback writes it; ``track`` gets both.
+    """
+    t_ns = 10**12 + i * 1_000_000_000 // SAMPLE_RATE_HZ
+    canceller.play(far[i : i + 2 * BLOCK], t_ns)
+    track.add_far(far[i : i + BLOCK], t_ns + (BLOCK - 1) * 62_500)
+    out = canceller.process(near, t_ns)
+    t_end_ns = t_ns + (out.audio.size - 1) * 62_500
+    track.add_near(out.near, t_end_ns)
+    return out, t_end_ns
 
 
 def judged(hearing: Hearing, reply: np.ndarray, words: dict[str, np.ndarray], onsets: int,
