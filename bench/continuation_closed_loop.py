@@ -21,7 +21,6 @@ microphone as it came in, echo and all) and ``clean`` (the user alone):
 from __future__ import annotations
 
 import argparse
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.duplex import probe_signal
 from assistant.turns.hearing import joined
 from bench.corpus import ECHO_REPLY
+from bench.duplex import norm
 from bench.duplex_rig import piper_speech, utterance
 from bench.results import write_results
 from bench.stop_closed_loop import BLOCK, PIPER_RATES, add_echo, cancel_block
@@ -115,9 +115,9 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
 
 
 def lost(text: str) -> list[str]:
-    """The words of :data:`REST` missing from ``text``."""
-    heard = set(re.sub(r"[^a-z ]", "", text.lower()).split())
-    return [w for w in re.sub(r"[^a-z ]", "", REST.lower()).split() if w not in heard]
+    """The words of :data:`REST` missing from ``text`` (as ``bench.duplex`` counts words lost)."""
+    heard = set(norm(text))
+    return [w for w in norm(REST) if w not in heard]
 
 
 def main(argv: list[str] | None = None) -> int:
