@@ -77,7 +77,8 @@ if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; the
   [[ -n "$tensorrt" ]] && say "GPU: $why"
   .venv/bin/python -m pip install -q --upgrade pip
   # --no-compile: Python compiles what it imports when it first imports it, not all of torch
-  # and its neighbours up front (set-up 23 s shorter on 2 cores; the first import no slower).
+  # and its neighbours up front (set-up 23 s shorter on 2 cores; the first import no slower),
+  # and keeps it: run.sh and test.sh unset PYTHONDONTWRITEBYTECODE.
   pip=(.venv/bin/python -m pip install -q --no-compile)
   if (( ! gpu )); then
     # No CUDA GPU: pin the CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.

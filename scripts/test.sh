@@ -2,6 +2,11 @@
 # Set up (first time only) and run the checks and the test suite. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python keeps the bytecode of what it imports (.venv and the source tree, both ours): where the
+# environment sets PYTHONDONTWRITEBYTECODE, every test process and every app the tests start
+# would compile the same modules again (7 s of each pytest process's collection, ~0.5 s of
+# each start of the app; docs/benchmarks.md "Bytecode kept").
+unset PYTHONDONTWRITEBYTECODE
 scripts/setup.sh --dev
 echo "[test] ruff"; .venv/bin/ruff check assistant bench engines models store scripts tests setup_gpu.py
 echo "[test] import contracts"; .venv/bin/lint-imports
