@@ -167,6 +167,7 @@ class Spoken:
     turns: dict[str, int] = field(default_factory=dict)
     overlap_turns: dict[str, int] = field(default_factory=dict)
     stderr: str = ""
+    replayed: list[str] = field(default_factory=list)  # scenarios played again, and why
 
     def of(self, name: str, scenario: str) -> list[dict]:
         turn = self.turns[scenario]
@@ -175,7 +176,15 @@ class Spoken:
 
 def play_scenarios(pulse: dict[str, str], folder: Path, scenarios: list[tuple[str, Path, float]]) -> Spoken:
     """Each scenario in turn in one app on the echo rig: the long question (the first half for
-    ``continuation``), then its overlap ``after_s`` into the reply."""
+    ``continuation``), then its overlap ``after_s`` into the reply.
+
+    A scenario during which the app went half duplex for a stream that ran late or an echo path
+    that moved is played once more: the microphone is then gated for 2-3 s by design, and words
+    said over the reply meanwhile are not heard (a known limit, docs/voice.md). On a loaded
+    machine this comes at a reply's start about once in five suite runs (a fresh-clone run of
+    2026-12-07: the delay read 9 -> -12 ms 0.26 s into the continuation's reply, and "how many
+    days are in a" was not heard). Twice in one scenario fails the test as any lost word does.
+    """
     long_q = utterance(folder, LONG_QUESTION, "long")
     first_half = utterance(folder, "I would like to know", "first")
     with echo_path(pulse, delay_ms=60, gain_db=-13, reflections=2):
@@ -184,15 +193,24 @@ def play_scenarios(pulse: dict[str, str], folder: Path, scenarios: list[tuple[st
         try:
             app.wait_line("listening on")
             for scenario, overlap, after_s in scenarios:
-                mark = len(app.events())
-                app.say(first_half if scenario == "continuation" else long_q)
-                turn = run.turns[scenario] = next_turn(app, mark)
-                reply_playing(app, turn, mark)
-                time.sleep(after_s)
-                app.say(overlap)
-                settle(app)
-                answered = [e["turn_id"] for e in app.events()[mark:] if e["event"] == "TranscriptReady"]
-                run.overlap_turns[scenario] = answered[-1] if answered[-1] != turn else 0
+                for attempt in (1, 2):
+                    mark = len(app.events())
+                    app.say(first_half if scenario == "continuation" else long_q)
+                    turn = run.turns[scenario] = next_turn(app, mark)
+                    reply_playing(app, turn, mark)
+                    time.sleep(after_s)
+                    app.say(overlap)
+                    settle(app)
+                    events = app.events()[mark:]
+                    answered = [e["turn_id"] for e in events if e["event"] == "TranscriptReady"]
+                    run.overlap_turns[scenario] = answered[-1] if answered[-1] != turn else 0
+                    upsets = [
+                        e["reason"] for e in events if e["event"] == "EchoState" and UPSET.search(e["reason"])
+                    ]
+                    if not upsets:
+                        break
+                    run.replayed.append(f"{scenario} (attempt {attempt}): {upsets[0]}")
+                    print(f"{scenario}, attempt {attempt}: the app went half duplex: {upsets[0]}")
         finally:
             run.stderr = app.stop()
     return run
@@ -283,7 +301,7 @@ def test_a_question_continued_after_its_reply_began_is_answered_as_one_turn(spok
     """ "I would like to know" ... the reply starts ... "how many days are in a week?" """
     records = spoken.app.records()
     first, rest = records[spoken.turns["continuation"]], records[spoken.overlap_turns["continuation"]]
-    assert first["cancelled"] == "continued", (first, "".join(spoken.app.lines))
+    assert first["cancelled"] == "continued", f"{first}\n{''.join(spoken.app.lines)}\n{spoken.replayed}"
     transcript = rest["transcript"].lower()
     assert "know" in transcript and "week" in transcript, rest  # both halves, one user turn
     assert rest["cancelled"] == "", rest
