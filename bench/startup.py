@@ -79,6 +79,7 @@ def time_once(
     out_dir: Path,
     audio_env: dict[str, str],
     extra: tuple[str, ...] = (),
+    own_env: dict[str, str] | None = None,
 ) -> tuple[float, float]:
     """Seconds from starting the command to its ready line, and the CPU seconds it used by then.
 
@@ -92,7 +93,7 @@ def time_once(
         "run": ["run", "--no-tui", "--input", str(wav), "--output", str(out_dir / "r.wav")],
     }[mode]
     args += ["--store", str(store), *extra]
-    env = {**os.environ, **audio_env, "PYTHONPATH": str(checkout)}
+    env = {**os.environ, **audio_env, "PYTHONPATH": str(checkout), **(own_env or {})}
     if mode == "ui":
         return time_ui(checkout, args, env)
     start = time.monotonic()
@@ -187,6 +188,7 @@ def measure(
     stores: dict[str, Path],
     audio_env: dict[str, str],
     extra: tuple[str, ...],
+    envs: dict[str, dict[str, str]],
 ) -> dict[str, dict]:
     """Every mode's runs, printed as a table; returns the table."""
     results: dict[str, dict[str, list[float]]] = {}
@@ -197,10 +199,12 @@ def measure(
             runs: dict[str, list[float]] = {label: [] for label in checkouts}
             cpu: dict[str, list[float]] = {label: [] for label in checkouts}
             for label, checkout in checkouts.items():  # warm-up, not counted
-                time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env, extra)
+                time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env, extra, envs[label])
             for _ in range(args.runs):  # alternating, so load on the machine hits both alike
                 for label, checkout in checkouts.items():
-                    wall_s, cpu_s = time_once(checkout, stores[label], mode, wav, Path(tmp), audio_env, extra)
+                    wall_s, cpu_s = time_once(
+                        checkout, stores[label], mode, wav, Path(tmp), audio_env, extra, envs[label]
+                    )
                     runs[label].append(wall_s)
                     cpu[label].append(cpu_s)
             results[mode] = runs
@@ -250,6 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--app-args", default="", help='more arguments for every run, e.g. "--echo off" (one string)'
     )
+    parser.add_argument(
+        "--before-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the before runs only (repeatable): e.g. --before-env "
+        "PYTHONDONTWRITEBYTECODE=1 with --before and --after the same checkout",
+    )
     parser.add_argument("--source-store", type=Path, default=Path.home() / ".cache" / "assistant")
     parser.add_argument("--stores", type=Path, default=Path("/tmp/measure-startup-stores"))
     args = parser.parse_args(argv)
@@ -269,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for sink in sinks if audio_env else []:
             awake.append(awake_sink(audio_env, sink))  # one by one: a failure stops those started
-        table = measure(args, checkouts, stores, audio_env, extra)
+        envs = {"before": dict(kv.split("=", 1) for kv in args.before_env), "after": {}}
+        table = measure(args, checkouts, stores, audio_env, extra, envs)
     finally:
         for proc in awake:
             proc.kill()
