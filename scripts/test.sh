@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 # would compile the same modules again (7 s of each pytest process's collection, ~0.5 s of
 # each start of the app; docs/benchmarks.md "Bytecode kept").
 unset PYTHONDONTWRITEBYTECODE
+# OpenMP threads (torch's, CTranslate2's) sleep while they wait for work instead of spinning:
+# the two workers share two cores, and a spinning thread burns what the other worker needs
+# (the suite's CPU 1,106 -> 1,013 s in one run each; docs/benchmarks.md "Passive OpenMP waits").
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 scripts/setup.sh --dev
 echo "[test] ruff"; .venv/bin/ruff check assistant bench engines models store scripts tests setup_gpu.py
 echo "[test] import contracts"; .venv/bin/lint-imports
