@@ -33,6 +33,12 @@ DELAY_SPAN_FRAMES = 100  # over the last 1 s
 ECHO_FREE_EVERY_FRAMES = 10
 ECHO_FREE_SPAN_FRAMES = 40
 DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking over it)
+# And only from a span the far end played in for at least half of it. The estimate comes due by
+# far-end audio counted over the session, often a few frames into a reply that follows seconds
+# of silence: the strongest lag of those frames alone was anywhere (a pitch period off: 62 -> 33,
+# 45 -> 35, 37 -> 206 ms at first replies' starts on the echo rig), the path read as moved and
+# the microphone was gated while the user went on with the question. Such a reading waits.
+DELAY_MIN_FAR_FRAMES = DELAY_SPAN_FRAMES // 2
 # Near-end blocks follow each other by their sample count; callback times jitter by tens of
 # ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
 NEAR_GAP_SAMPLES = SAMPLE_RATE_HZ // 10
@@ -152,6 +158,8 @@ class EchoCanceller:
         self._energy: deque[tuple[float, float, float]] = deque(maxlen=window)
         self._delay_near: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
         self._delay_far: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)
+        self._delay_far_active: deque[bool] = deque(maxlen=DELAY_SPAN_FRAMES)
+        self._delay_due = False  # an estimate came due and waits for enough far end in the span
         self._far_frames = 0
         self._delay_ms: float | None = None
         reach = (options.max_delay_ms + RESIDUAL_TAIL_MS) // 10
@@ -247,10 +255,14 @@ class EchoCanceller:
         self._delay_far.append(far_f)
         far_power = float(np.mean(far_f**2))
         self._far_recent.append(far_power)
+        self._delay_far_active.append(far_power > FAR_ACTIVE_RMS**2)
         if far_power > FAR_ACTIVE_RMS**2:
             self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2)), float(np.sum(far_f**2))))
             self._far_frames += 1
             if self._far_frames % (ECHO_FREE_EVERY_FRAMES if self.echo_free else DELAY_EVERY_FRAMES) == 0:
+                self._delay_due = True
+            if self._delay_due and (self.echo_free or sum(self._delay_far_active) >= DELAY_MIN_FAR_FRAMES):
+                self._delay_due = False
                 self._estimate_delay()
         if self.echo_free:
             return Cancelled(near_f, near_f, near_f)
