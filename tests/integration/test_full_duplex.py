@@ -180,10 +180,10 @@ def play_scenarios(pulse: dict[str, str], folder: Path, scenarios: list[tuple[st
 
     A scenario during which the app went half duplex for a stream that ran late or an echo path
     that moved is played once more: the microphone is then gated for 2-3 s by design, and words
-    said over the reply meanwhile are not heard (an open defect, docs/voice.md "Always
-    listening"). It comes at a reply's start while the user talks over it, about once in five
-    suite runs (a fresh-clone run of 2026-12-07: the delay read 9 -> -12 ms 0.26 s into the
-    continuation's reply, and "how many days are in a" was not heard). Twice in one scenario
+    said over the reply meanwhile are not heard (docs/voice.md, "Always listening"). A fresh-clone
+    run of 2026-12-07 lost "how many days are in a" so: the delay read 9 -> -12 ms 0.26 s into
+    the continuation's reply, from its first frames alone (read from enough far end since,
+    5d934c3); a stream that runs late on a loaded machine does the same. Twice in one scenario
     fails the test as any lost word does.
     """
     long_q = utterance(folder, LONG_QUESTION, "long")
