@@ -37,14 +37,14 @@ from assistant.stages.echo_linear import AudioTail, EchoTrack
 from assistant.stages.vad import SAMPLE_RATE_HZ, Endpointer
 from assistant.turns.duplex import probe_signal
 from assistant.turns.hearing import joined
-from bench.corpus import ECHO_REPLY
-from bench.duplex import norm
+from bench.corpus import ECHO_REPLY, PAUSED
+from bench.duplex import words_lost
 from bench.duplex_rig import piper_speech, utterance
 from bench.results import write_results
 from bench.stop_closed_loop import BLOCK, PIPER_RATES, add_echo, cancel_block
 from store.bundled import ModelStore
 
-FIRST, REST = "I would like to know", "how many days are in a week?"
+FIRST, REST, _ = PAUSED[0]  # "I would like to know", "how many days are in a week?"
 VIEWS = ("gated", "aec3", "linear", "near", "clean")
 WARM_S = 5.0
 PAUSE_MS = 100  # the reply stops this long after the rest's onset (the app: ~15-50 ms + 64 ms)
@@ -116,8 +116,7 @@ def trial(asr: Transcriber, reply: np.ndarray, first: np.ndarray, rest: np.ndarr
 
 def lost(text: str) -> list[str]:
     """The words of :data:`REST` missing from ``text`` (as ``bench.duplex`` counts words lost)."""
-    heard = set(norm(text))
-    return [w for w in norm(REST) if w not in heard]
+    return words_lost(REST, text)
 
 
 def main(argv: list[str] | None = None) -> int:

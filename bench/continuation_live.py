@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.duplex import norm
+from bench.corpus import PAUSED
+from bench.duplex import words_lost
 from bench.duplex_rig import LiveApp, piper_utterance
 from bench.echo_rig import echo_path, private_audio
 from bench.results import write_results
 
-FIRST, REST = "I would like to know", "how many days are in a week?"
+FIRST, REST, _ = PAUSED[0]  # "I would like to know", "how many days are in a week?"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,8 +53,7 @@ def trial(env: dict[str, str], folder: Path, first: Path, rest: Path, after_s: f
 
 def lost(text: str) -> list[str]:
     """The words of :data:`REST` missing from ``text``."""
-    heard = set(norm(text))
-    return [w for w in norm(REST) if w not in heard]
+    return words_lost(REST, text)
 
 
 def main(argv: list[str] | None = None) -> int:

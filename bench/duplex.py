@@ -59,6 +59,12 @@ def norm(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9 ]", " ", text.lower()).split()
 
 
+def words_lost(said: str, heard: str) -> list[str]:
+    """The words of ``said`` missing from ``heard`` (as :func:`norm` splits them)."""
+    kept = set(norm(heard))
+    return [w for w in norm(said) if w not in kept]
+
+
 class App(LiveApp):
     """:class:`LiveApp` from another checkout (its own venv) when ``checkout`` is given."""
 
