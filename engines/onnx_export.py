@@ -26,6 +26,9 @@ past per step (SmolLM2 fp16: 23 KB per cached token, against 270 MB of weights r
 Cache layout under the model folder::
 
     onnx/decoder-<dtype>-<key>/decoder.onnx   the graph (its weights in decoder.onnx.data)
+    onnx/decoder-<dtype>-<key>/decoder.ort.onnx  fp32, fp16: the graph as ONNX Runtime optimizes
+                                              it, its weights in decoder.onnx.data too
+                                              (engines.onnxruntime_graph)
     onnx/decoder-<dtype>-<key>/export.json    sha256 and size of each file; written last
     onnx/hashes.json                          sha256 memo of the weights and export files,
                                               keyed by size + mtime (store.records.HashMemo)
@@ -72,6 +75,7 @@ GRAPH_FILE = "decoder.onnx"
 DATA_FILE = "decoder.onnx.data"
 SIDECAR = "export.json"
 HASH_MEMO = "hashes.json"  # in onnx/: sha256s by size and mtime (store.records.HashMemo)
+GRAPH_CODE = ("onnx_graph.py", "onnx_trace.py", "onnxruntime_graph.py")  # engines/ files it comes from
 MODEL_CODE = ("config.py", "decoder.py", "layers.py", "rope.py")  # models/ files the graph comes from
 # Every key onnx_trace writes (prefixed "assistant."); export.json must carry them all.
 METADATA_KEYS = tuple(
@@ -193,7 +197,7 @@ def graph_code_sha256() -> str:
     """sha256 of the code that defines the graph, so editing it invalidates cached exports."""
     digest = hashlib.sha256()
     here, model_code = Path(__file__), Path(models.__file__).parent  # no torch import
-    graph_code = [here.with_name("onnx_graph.py"), here, here.with_name("onnx_trace.py")]
+    graph_code = [here.with_name(f) for f in (GRAPH_CODE + (here.name,))]
     sources = [*graph_code, *(model_code / f for f in MODEL_CODE)]
     for source in sources:
         digest.update(source.read_bytes())

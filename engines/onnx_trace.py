@@ -3,13 +3,15 @@
 :func:`trace_decoder` loads the weights in the export dtype, traces
 :class:`~engines.onnx_graph.OnnxDecoder` with the names and dynamic axes of the graph contract
 (:mod:`engines.onnx_export`), stores the weights in a file beside the graph, adds the metadata,
-runs ``onnx.checker`` and writes the sidecar with each file's size and sha256 last.
+runs ``onnx.checker``, writes ONNX Runtime's optimized graph beside a graph it runs
+(:mod:`engines.onnxruntime_graph`) and writes the sidecar with each file's size and sha256 last.
 :mod:`engines.onnx_export` decides when to call it and moves the folder into the cache.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import warnings
 from pathlib import Path
@@ -33,9 +35,13 @@ from engines.onnx_export import (
     present_names,
 )
 from engines.onnx_graph import OnnxDecoder
+from engines.onnxruntime_backend import NUMPY_DTYPES
+from engines.onnxruntime_graph import write_optimized_graph
 from models.config import DecoderConfig
 from models.weights import load_decoder
 from store.records import sha256_file
+
+logger = logging.getLogger(__name__)
 
 
 def trace_decoder(model_dir: Path, options: ExportOptions, weights_sha: str, out: Path) -> dict[str, str]:
@@ -103,6 +109,11 @@ def trace_decoder(model_dir: Path, options: ExportOptions, weights_sha: str, out
         onnx.checker.check_model(str(out / GRAPH_FILE))  # a path: works above 2 GB too
     except onnx.checker.ValidationError as e:
         raise ExportError(f"the exported graph fails onnx.checker: {e}") from e
+    if options.dtype in NUMPY_DTYPES:  # a graph ONNX Runtime runs: its optimized graph beside it
+        try:
+            write_optimized_graph(out)
+        except Exception as e:  # onnxruntime's own types; the export still serves TensorRT
+            logger.warning("no optimized graph for ONNX Runtime: %s (it optimizes at each load)", e)
     files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(out.iterdir())}
     (out / SIDECAR).write_text(json.dumps({"files": files, "metadata": metadata}, indent=2) + "\n")
     return metadata

@@ -31,6 +31,7 @@ from engines.onnx_export import (
     past_names,
     present_names,
 )
+from engines.onnxruntime_graph import graph_to_load
 from engines.progress import ProgressCallback
 from models.config import DecoderConfig
 
@@ -166,25 +167,27 @@ def load_onnxruntime_decoder(
     config = config or DecoderConfig.from_dir(model_dir)
     exported = export_decoder(model_dir, ExportOptions(dtype=options.dtype), progress=progress)
     how = "cached" if exported.cache_hit else f"exported in {exported.export_s:.1f} s"
+    graph, which = graph_to_load(exported.path.parent)
     start = time.monotonic()
     try:
         session = ort.InferenceSession(
-            str(exported.path), session_options(options), providers=["CPUExecutionProvider"]
+            str(graph), session_options(options), providers=["CPUExecutionProvider"]
         )
     except Exception as e:  # onnxruntime raises its own exception types, not exported as a base
         # The start trusted the files' size and mtime; a failed load hashes every byte, so a
         # file changed in place is named (and, its memo updated, exported again next start).
         damage = check_export(exported.path.parent, full=True) if exported.cache_hit else None
         raise ExportError(
-            f"onnxruntime cannot load {exported.path}: {e}"
+            f"onnxruntime cannot load {graph}: {e}"
             + (f" ({damage})" if damage else "")
             + "; re-export with 'assistant engine export --force'"
         ) from e
     capacity = min(options.capacity_tokens, config.max_position_embeddings)
     logger.info(
-        "onnxruntime: %s (%s), session %.1f s, KV cache %d tokens",
-        exported.path,
+        "onnxruntime: %s (%s; %s), session %.1f s, KV cache %d tokens",
+        graph,
         how,
+        which,
         time.monotonic() - start,
         capacity,
     )

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnxruntime import InferenceSession
 
 from assistant.config import DecoderSettings, ModelSettings
 from assistant.stages.llm import load_llm
@@ -34,7 +35,8 @@ from engines.onnx_export import (
     present_names,
     weights_sha256,
 )
-from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder
+from engines.onnxruntime_backend import OnnxRuntimeOptions, load_onnxruntime_decoder, session_options
+from engines.onnxruntime_graph import ORT_GRAPH_FILE, graph_to_load
 from engines.torch_backend import TorchBackendOptions, load_torch_decoder
 from store.bundled import DEFAULT_LLM
 from tests.helpers.cli import run_cli
@@ -300,7 +302,7 @@ def test_the_weights_sit_beside_the_graph_and_are_checked_like_it(tiny_dir, toke
     data = exported.path.parent / onnx_export.DATA_FILE
     assert data.stat().st_size > exported.path.stat().st_size
     record = json.loads((exported.path.parent / onnx_export.SIDECAR).read_text())
-    assert set(record["files"]) == {onnx_export.GRAPH_FILE, onnx_export.DATA_FILE}
+    assert set(record["files"]) == {onnx_export.GRAPH_FILE, onnx_export.DATA_FILE, ORT_GRAPH_FILE}
     onnx.checker.check_model(str(exported.path))
     decoder = ort_decoder(tiny_dir, tokenizer, "fp16", capacity_tokens=64)
     assert np.isfinite(decoder.prefill(list(range(10)))).all()
@@ -308,6 +310,48 @@ def test_the_weights_sit_beside_the_graph_and_are_checked_like_it(tiny_dir, toke
         f.seek(100)
         f.write(b"\x00\x01\x02")
     assert "sha256" in (check_export(exported.path.parent) or "")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_onnx_runtimes_optimized_graph_is_kept_and_computes_the_same_logits_bit_for_bit(exports, dtype):
+    """The graph ONNX Runtime optimized once at export (engines/onnxruntime_graph.py) is what the
+    backend loads; it holds no weights of its own and gives the plain graph's logits exactly."""
+    folder = exports[dtype].path.parent
+    record = json.loads((folder / onnx_export.SIDECAR).read_text())
+    assert set(record["files"]) == {onnx_export.GRAPH_FILE, onnx_export.DATA_FILE, ORT_GRAPH_FILE}
+    assert graph_to_load(folder) == (folder / ORT_GRAPH_FILE, "optimized graph")
+    assert (folder / ORT_GRAPH_FILE).stat().st_size < (folder / onnx_export.DATA_FILE).stat().st_size / 100
+    options = session_options(OnnxRuntimeOptions(dtype=dtype, threads=2))
+    plain, optimized = (
+        InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+        for name in (onnx_export.GRAPH_FILE, ORT_GRAPH_FILE)
+    )
+    meta = {
+        k: int(exports[dtype].metadata[f"assistant.{k}"]) for k in ("num_layers", "num_kv_heads", "head_dim")
+    }
+    empty = np.zeros(
+        (1, meta["num_kv_heads"], 0, meta["head_dim"]), np.float32 if dtype == "fp32" else np.float16
+    )
+    feeds = {
+        "input_ids": np.array([[1, 504, 3458, 282, 4649, 314, 17, 28, 8]], np.int64),
+        "position_ids": np.arange(9, dtype=np.int64)[None],
+        **dict.fromkeys(past_names(meta["num_layers"]), empty),
+    }
+    for expected, got in zip(plain.run(None, feeds), optimized.run(None, feeds), strict=True):
+        assert np.array_equal(expected, got)
+
+
+def test_an_optimized_graph_of_another_onnx_runtime_is_not_loaded(tiny_dir, tokenizer):
+    exported = export_decoder(tiny_dir, ExportOptions())
+    folder = exported.path.parent
+    graph = onnx.load(str(folder / ORT_GRAPH_FILE), load_external_data=False)
+    props = {p.key: p.value for p in graph.metadata_props}
+    onnx.helper.set_model_props(graph, {**props, "assistant.onnxruntime_version": "1.0.0"})
+    onnx.save(graph, str(folder / ORT_GRAPH_FILE))
+    path, why = graph_to_load(folder)
+    assert path == exported.path and "from onnxruntime 1.0.0" in why
+    (folder / ORT_GRAPH_FILE).unlink()
+    assert graph_to_load(folder)[0] == exported.path
 
 
 def test_changed_weights_get_a_new_export_and_the_stale_one_is_removed(tiny_dir):
