@@ -14,6 +14,7 @@ import hashlib
 import pytest
 
 from assistant.observe.metrics import Metrics
+from engines.onnx_export import GRAPH_FILE
 from engines.tensorrt import cache
 from engines.tensorrt.backend import load_tensorrt_decoder
 from engines.tensorrt.runtime import EngineIncompatible
@@ -71,7 +72,8 @@ def test_a_refusal_a_rebuild_cannot_fix_keeps_the_engine_and_says_so(monkeypatch
 
 
 def machine_exports(model):
-    return sorted((model / "onnx").rglob("*.onnx"))
+    """The exported graphs TensorRT builds from (not ONNX Runtime's optimized ones beside them)."""
+    return sorted((model / "onnx").rglob(GRAPH_FILE))
 
 
 def foreign_or_damaged(kind, model):
