@@ -1,15 +1,16 @@
 """ONNX Runtime's optimized graph of an export, written once beside it, so no start optimizes it.
 
 ONNX Runtime transforms a graph at every session start (fusions, constant folding): SmolLM2's
-fp32 export took 0.8-1.1 s to load, ~0.3 s of it those transformations
-(docs/benchmarks.md, "The optimized graph kept"). :func:`write_optimized_graph` runs them once,
-when the export is written, at ONNX Runtime's *extended* level, whose fusions belong to the CPU
-provider but not to one processor (the *all* level's layout changes for this processor still
-run at load), and saves the result as ``decoder.ort.onnx`` beside ``decoder.onnx``. Its weights
-point into the export's own ``decoder.onnx.data``: the optimizer keeps each weight it does not
-change byte for byte, and each one it changed or added is kept in the graph (small) or in
-``decoder.ort.onnx.data`` (large), so the export holds its weights once. The session built from
-it computes the same logits, bit for bit (tests/integration/test_onnx_backend.py).
+fp32 export took 0.8-1.1 s to load, ~0.3 s of it those transformations (docs/engines.md, "The
+optimized graph kept"; docs/benchmarks.md, "Start-up, fifth step"). :func:`write_optimized_graph`
+runs them once, when the export is written, at ONNX Runtime's *extended* level, whose fusions
+belong to the CPU provider but not to one processor (the *all* level's layout changes for this
+processor still run at load), and saves the result as ``decoder.ort.onnx`` beside
+``decoder.onnx``. Its weights point into the export's own ``decoder.onnx.data``: the optimizer
+keeps each weight it does not change byte for byte, and each one it changed or added is kept in
+the graph (small) or in ``decoder.ort.onnx.data`` (large), so the export holds its weights once.
+The session built from it computes the same logits, bit for bit
+(tests/integration/test_onnx_backend.py).
 
 :func:`graph_to_load` picks it when the running ONNX Runtime is the one that wrote it (another
 version's fused operators may differ), else the plain graph, optimized at load as before.
@@ -86,12 +87,13 @@ def graph_to_load(folder: Path) -> tuple[Path, str]:
 
 def _external(graph: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     """Each weight of ``graph`` kept in its data file: name -> (offset, length)."""
-    found = {}
-    for tensor in graph.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entry = {e.key: e.value for e in tensor.external_data}
-            found[tensor.name] = (int(entry.get("offset", 0)), int(entry["length"]))
-    return found
+    return {t.name: _span(t) for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+
+
+def _span(tensor: onnx.TensorProto) -> tuple[int, int]:
+    """Where an external weight's bytes are in its data file: (offset, length)."""
+    entry = {e.key: e.value for e in tensor.external_data}
+    return int(entry.get("offset", 0)), int(entry["length"])
 
 
 def _point_into_the_export(
@@ -110,8 +112,7 @@ def _point_into_the_export(
     for tensor in graph.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        entry = {e.key: e.value for e in tensor.external_data}
-        start, length = int(entry.get("offset", 0)), int(entry["length"])
+        start, length = _span(tensor)
         data = optimized[start : start + length]
         del tensor.external_data[:]
         where = original.get(tensor.name)
