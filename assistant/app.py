@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,23 +230,30 @@ def build_session(
             echo, echo_reason = echo_canceller(settings.echo)  # "on" and unavailable: raises
             duplex = Duplex(echo, echo_reason, speaker, mic, settings.echo.probe)
             duplex.play_probe()  # converges while the models load
-        step(f"loading LLM {settings.models.llm}", 0.05)
-        decoder, tokenizer = load_llm(
-            settings.models,
-            settings.decoder,
-            settings.engine,
-            gate=settings.gate,
-            progress=_both(EngineSteps(step), engine_events),
-            cancel=cancel,
-            notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
-        )
+        # The ASR loads on a thread of its own while the LLM loads: each load is mostly one
+        # core's work, so on 2 cores "listening on" comes 0.25-0.4 s sooner (docs/benchmarks.md,
+        # "Start-up, sixth step"). Leaving the block joins that thread, also when a load fails.
+        with ThreadPoolExecutor(1, thread_name_prefix="asr-load") as pool:
+            asr_load = None
+            if asr or (asr is None and mic is not None):
+                asr_load = pool.submit(open_transcriber, settings.asr, ModelStore(settings.models.store_dir))
+            step(f"loading LLM {settings.models.llm}", 0.05)
+            decoder, tokenizer = load_llm(
+                settings.models,
+                settings.decoder,
+                settings.engine,
+                gate=settings.gate,
+                progress=_both(EngineSteps(step), engine_events),
+                cancel=cancel,
+                notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
+            )
+            transcriber = None
+            if asr_load is not None:
+                step(f"loading ASR {settings.asr.model}", 0.45)
+                transcriber = asr_load.result()
         dialogue = Dialogue(
             decoder, tokenizer, settings.dialogue.system_prompt, settings.generation.options()
         )
-        transcriber = None
-        if asr or (asr is None and mic is not None):
-            step(f"loading ASR {settings.asr.model}", 0.45)
-            transcriber = open_transcriber(settings.asr, ModelStore(settings.models.store_dir))
         warm: dict[str, float] = {}
         step("warming up the LLM", 0.6)
         warm["llm"] = dialogue.warm_up()

