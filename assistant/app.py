@@ -220,6 +220,7 @@ def build_session(
     policy: EndOfTurn | None = None
     notices: list[str] = []
     duplex: Duplex | None = None
+    store = ModelStore(settings.models.store_dir)  # one for the start: LLM, ASR, turn detector, TTS
     if devices:
         step("opening audio devices", 0.02)
         mic, speaker, notice = open_audio(settings)
@@ -236,7 +237,7 @@ def build_session(
         with ThreadPoolExecutor(1, thread_name_prefix="asr-load") as pool:
             asr_load = None
             if asr or (asr is None and mic is not None):
-                asr_load = pool.submit(open_transcriber, settings.asr, ModelStore(settings.models.store_dir))
+                asr_load = pool.submit(open_transcriber, settings.asr, store)
             step(f"loading LLM {settings.models.llm}", 0.05)
             decoder, tokenizer = load_llm(
                 settings.models,
@@ -246,6 +247,7 @@ def build_session(
                 progress=_both(EngineSteps(step), engine_events),
                 cancel=cancel,
                 notice=notices.append,  # why auto fell back from TensorRT: shown once, as notices are
+                store=store,
             )
             transcriber = None
             if asr_load is not None:
@@ -261,14 +263,11 @@ def build_session(
             step("warming up ASR", 0.8)
             warm["asr"] = transcriber.warm_up()
             step(f"loading the turn detector ({settings.turn.detection})", 0.85)
-            policy, notice = end_of_turn_policy(
-                settings.turn, settings.vad, ModelStore(settings.models.store_dir)
-            )
+            policy, notice = end_of_turn_policy(settings.turn, settings.vad, store)
             if notice:
                 notices.append(notice)
         if tts or (tts is None and speaker is not None):
             step(f"starting TTS ({settings.tts.engine})", 0.9)
-            store = ModelStore(settings.models.store_dir)
             synthesizer = open_synthesizer(settings.tts, store, notices.append)  # Piper: else pyttsx3
         step("ready", 1.0)
     except BaseException as e:
