@@ -72,8 +72,19 @@ fi
 stamp=.venv/.setup-stamp
 want="$(sha256sum pyproject.toml | cut -c1-16) extras=[$extras] gpu=$gpu${tensorrt:+ tensorrt=$tensorrt}"
 have=$(cat "$stamp" 2>/dev/null || true)
+# Done when the stamp is what is wanted, or the same with more extras: run.sh (no extras) after
+# test.sh (--dev) must not install again at every switch (~9 s of pip each time).
+covers() {
+  local had=${have% (tensorrt install failed)} extra
+  [[ "${had/extras=\[*\]/}" == "${want/extras=\[*\]/}" ]] || return 1
+  local installed=${had#*extras=[} wanted=${want#*extras=[}
+  installed=,${installed%%]*}, wanted=${wanted%%]*}
+  for extra in ${wanted//,/ }; do
+    [[ "$installed" == *",$extra,"* ]] || return 1
+  done
+}
 # A failed TensorRT install is recorded, not retried at every start (run.sh runs setup each time).
-if [[ "$have" != "$want" && "$have" != "$want (tensorrt install failed)" ]]; then
+if ! covers; then
   [[ -n "$tensorrt" ]] && say "GPU: $why"
   .venv/bin/python -m pip install -q --upgrade pip
   # --no-compile: Python compiles what it imports when it first imports it, not all of torch

@@ -95,11 +95,11 @@ def fake_project(root: Path) -> None:
     (root / "bin/nvidia-smi").chmod(0o755)
 
 
-def setup_sh(root: Path, **env: str) -> tuple[int, list[str], str]:
+def setup_sh(root: Path, *args: str, **env: str) -> tuple[int, list[str], str]:
     """Run the copy's setup.sh offline: (exit status, stdout lines without colours, stderr)."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "ASSISTANT_", "VIRTUAL_ENV"))}
     result = subprocess.run(
-        ["bash", "scripts/setup.sh"],
+        ["bash", "scripts/setup.sh", *args],
         cwd=root,
         env={
             **keep,
@@ -121,14 +121,19 @@ def setup_sh(root: Path, **env: str) -> tuple[int, list[str], str]:
     return result.returncode, [line for line in out if line != "[setup] creating .venv"], result.stderr
 
 
-def test_setup_on_a_gpu_machine_says_in_one_line_that_tensorrt_failed_and_still_succeeds(tmp_path):
+def skip_unless_installed(packages: str) -> None:
+    """Skip when setup.sh would install system packages first (it needs root and the network)."""
     missing = subprocess.run(
-        "for p in libportaudio2 libespeak-ng1 espeak-ng alsa-utils; do "
+        f"for p in {packages}; do "
         "dpkg-query -W -f='${Status}' $p 2>/dev/null | grep -q 'ok installed' || echo $p; done",
         shell=True, capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
     if missing:
         pytest.skip(f"setup.sh would install system packages first: {missing}")
+
+
+def test_setup_on_a_gpu_machine_says_in_one_line_that_tensorrt_failed_and_still_succeeds(tmp_path):
+    skip_unless_installed("libportaudio2 libespeak-ng1 espeak-ng alsa-utils")
     fake_project(tmp_path)
 
     status, out, err = setup_sh(tmp_path)
@@ -170,3 +175,29 @@ def test_setup_on_a_gpu_machine_says_in_one_line_that_tensorrt_failed_and_still_
         "fake assistant: models fetch",
     ]
     assert stamp.read_text().endswith("extras=[gpu-cu13] gpu=1 tensorrt=none\n")
+
+
+def test_a_start_after_the_test_set_up_installs_nothing_and_a_missing_extra_is_installed(tmp_path):
+    """run.sh runs setup.sh at every start: after test.sh's ``--dev`` set-up, which installed
+    more, a start installed everything again (and the next test run again: ~9 s of pip at every
+    switch). A stamp with more extras now counts as done; one that lacks an extra does not."""
+    skip_unless_installed(
+        "libportaudio2 libespeak-ng1 espeak-ng alsa-utils pulseaudio pulseaudio-utils "
+        "libasound2-plugins sox tmux prometheus"
+    )
+    fake_project(tmp_path)
+    fetched = "fake assistant: models fetch"
+
+    status, out, err = setup_sh(tmp_path, "--dev", ASSISTANT_TENSORRT="none")
+    assert status == 0, (out, err)
+    assert "[setup] installing the assistant with extras [gpu-cu13,dev,piper]" in out
+    stamp = (tmp_path / ".venv/.setup-stamp").read_text()
+
+    status, out, err = setup_sh(tmp_path, ASSISTANT_TENSORRT="none")  # scripts/run.sh
+    assert (status, out) == (0, [fetched]), err
+    status, out, err = setup_sh(tmp_path, "--dev", ASSISTANT_TENSORRT="none")  # scripts/test.sh
+    assert (status, out) == (0, [fetched]), err
+    assert (tmp_path / ".venv/.setup-stamp").read_text() == stamp
+
+    status, out, err = setup_sh(tmp_path, "--serve", ASSISTANT_TENSORRT="none")
+    assert status == 0 and "[setup] installing the assistant with extras [gpu-cu13,serve]" in out, (out, err)
