@@ -28,6 +28,7 @@ import os
 import pty
 import select
 import shlex
+import signal
 import statistics
 import struct
 import subprocess
@@ -278,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         audio_env = dict(kv.split("=", 1) for kv in started.stdout.split()[1:])
     sinks = [name for name, on in (("spk", args.awake_speaker), ("micfeed", args.awake_microphone)) if on]
     awake: list[subprocess.Popen[bytes]] = []
+    # A SIGTERM (pkill) ends the bench through the finally below, not around it: pacat left
+    # playing kept a core ~7 % busy for the next hour's runs (2026-12-07).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for sink in sinks if audio_env else []:
             awake.append(awake_sink(audio_env, sink))  # one by one: a failure stops those started
