@@ -255,8 +255,9 @@ class EchoCanceller:
         self._delay_far.append(far_f)
         far_power = float(np.mean(far_f**2))
         self._far_recent.append(far_power)
-        self._delay_far_active.append(far_power > FAR_ACTIVE_RMS**2)
-        if far_power > FAR_ACTIVE_RMS**2:
+        far_active = far_power > FAR_ACTIVE_RMS**2
+        self._delay_far_active.append(far_active)
+        if far_active:
             self._energy.append((float(np.sum(near_f**2)), float(np.sum(out**2)), float(np.sum(far_f**2))))
             self._far_frames += 1
             if self._far_frames % (ECHO_FREE_EVERY_FRAMES if self.echo_free else DELAY_EVERY_FRAMES) == 0:
