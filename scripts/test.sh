@@ -19,10 +19,10 @@ echo "[test] import contracts"; .venv/bin/lint-imports
 mypy_log=$(mktemp)
 trap 'rm -f "$mypy_log"' EXIT
 echo "[test] mypy (beside pytest)"; nice -n 19 .venv/bin/mypy >"$mypy_log" 2>&1 & mypy_pid=$!
-# Two workers: the tests on the virtual sound devices (real time, mostly waiting) beside the
-# compute-bound ones at the lowest CPU priority (tests/conftest.py); ASSISTANT_TEST_WORKERS=0
-# runs everything in one process.
-workers=${ASSISTANT_TEST_WORKERS:-2}
+# Three workers: the tests on the virtual sound devices (real time, mostly waiting) beside two
+# lanes of the others at the lowest CPU priority, which use what the audio tests leave idle
+# (tests/conftest.py); ASSISTANT_TEST_WORKERS=0 runs everything in one process.
+workers=${ASSISTANT_TEST_WORKERS:-3}
 parallel=()
 (( workers > 0 )) && parallel=(-n "$workers")
 echo "[test] pytest"; status=0

@@ -131,33 +131,47 @@ REAL_TIME_FILES = frozenset(
         "tests/integration/test_turn_taking.py",
         "tests/integration/test_voice_loop.py",
         "tests/tui/test_ui_sound.py",
+        # Off the sound devices, mostly waiting on the app, at this worker's priority: the
+        # lanes end about together (docs/benchmarks.md "Three workers").
+        "tests/integration/test_leftovers.py",
+        "tests/integration/test_offline_no_network.py",
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
-# Files off the sound devices that run on the real-time worker, at its priority, so that both
-# workers end about together and the ``quiet`` tests, run last, find the machine idle: the
-# strace and clean-up tests (mostly waiting on the app) and real-model files whose fixtures are
-# their own (nothing the compute worker's session fixtures would make a second time). The
-# compute worker and then the quiet tests are the suite's long path (656 s + 132 s of 805 s in
-# a fresh clone of f5ff45a, the real-time worker's other tests 568 s): the CLI files moved here.
-RIDING_FILES = frozenset(
+# The second compute lane (a third worker, ``scripts/test.sh``): the files that start the app
+# as a subprocess (its CLI and benches, setup.sh on a fake project: mostly waiting on them) and the
+# batching, serving and generation ones, whose session fixtures (``batch1_reply``) no other
+# lane uses. The first lane keeps the ONNX exports, parity and engine builds (``smollm2_export``,
+# ``pytorch_greedy``), the UI and the unit tests. Both lanes run at the lowest CPU priority, so
+# they fill what the real-time worker leaves idle (a third of the machine with two workers:
+# 850 s of CPU in 657 s of a 2-core run) without taking its CPU.
+SECOND_COMPUTE_FILES = frozenset(
     {
         "tests/integration/test_asr_torch.py",
         "tests/integration/test_backend_auto_cli.py",
         "tests/integration/test_benchmarks_run.py",
         "tests/integration/test_cli_faults.py",
         "tests/integration/test_cli_model_errors.py",
-        "tests/integration/test_leftovers.py",
+        "tests/integration/test_foreign_files_cli.py",
+        "tests/integration/test_generation.py",
+        "tests/integration/test_inflight_batching.py",
         "tests/integration/test_long_conversations.py",
         "tests/integration/test_long_speech_kept.py",
-        "tests/integration/test_offline_no_network.py",
+        "tests/integration/test_serve_triton.py",
+        "tests/integration/test_setup_on_gpu_machine.py",
     }
 )
 
 
 def group_of(nodeid: str) -> str:
-    """``real-time`` for a test in :data:`REAL_TIME_FILES` or :data:`RIDING_FILES`, else ``compute``."""
-    return "real-time" if nodeid.split("::")[0] in REAL_TIME_FILES | RIDING_FILES else "compute"
+    """``real-time`` (:data:`REAL_TIME_FILES`), ``compute-2`` (:data:`SECOND_COMPUTE_FILES`) or ``compute``.
+
+    A file in neither list is ``compute``.
+    """
+    path = nodeid.split("::")[0]
+    if path in REAL_TIME_FILES:
+        return "real-time"
+    return "compute-2" if path in SECOND_COMPUTE_FILES else "compute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -201,26 +215,27 @@ def pytest_sessionfinish(session):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Two groups for ``scripts/test.sh``'s two workers, each group on one worker.
+    """Three groups for ``scripts/test.sh``'s three workers, each group on one worker.
 
     The ``real-time`` tests (:data:`REAL_TIME_FILES`: audio played and recorded at speed, mostly
-    waiting) run on one worker while the ``compute`` tests (parity, builds, the accuracy gate,
-    the unit tests) run on the other at the lowest CPU priority (:func:`pytest_runtest_setup`),
-    so the audio tests keep the CPU they would have alone. (pytest-xdist's own ``loadgroup``
-    does not group under pytest 9: it marks ``Item._nodeid``, which pytest 9 no longer reads.)
+    waiting) run on one worker while the two compute lanes (``compute``, ``compute-2``) run on the
+    others at the lowest CPU priority (:func:`pytest_runtest_setup`), so the audio tests keep
+    the CPU they would have alone. With fewer workers a worker takes the next group when done.
+    (pytest-xdist's own ``loadgroup`` does not group under pytest 9: it marks ``Item._nodeid``,
+    which pytest 9 no longer reads.)
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    class TwoGroups(LoadScopeScheduling):
+    class Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
-    return TwoGroups(config, log)
+    return Groups(config, log)
 
 
 def pytest_runtest_setup(item):
-    """A pytest-xdist worker running the ``compute`` group lowers its CPU priority (once: for good)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) == "compute" and os.nice(0) < 19:
+    """A pytest-xdist worker running a ``compute`` lane lowers its CPU priority (once: for good)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) != "real-time" and os.nice(0) < 19:
         os.nice(19 - os.nice(0))
 
 
@@ -234,7 +249,7 @@ def pytest_runtest_protocol(item, nextitem):
     rig's scenarios played) runs before any function-scoped fixture would take it, and it is
     often the heaviest part of a test.
     """
-    if group_of(item.nodeid) == "compute":
+    if group_of(item.nodeid) != "real-time":
         lock = holding(exclusive=False)
     elif item.get_closest_marker("quiet"):
         lock = holding(exclusive=True)

@@ -225,3 +225,20 @@ def llama3_scaled():
         "original_max_position_embeddings": 64,
     }
     return LlamaForCausalLM(LlamaConfig(**COMMON, rope_theta=500000.0, rope_scaling=scaling))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def tiny_smollm2(folder: Path, model_dir: Path) -> Path:
+    """A random-weight Llama of SmolLM2's vocabulary with its tokenizer files, in ``folder``.
+
+    For tests of what the app does around a model (loading, caches, the status bar), not of
+    what it says: it loads and exports like SmolLM2 in well under a second.
+    """
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**SMALL, "vocab_size": 49152, "eos_token_id": 2, "tie_word_embeddings": True})
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        (folder / name).write_bytes((model_dir / name).read_bytes())
+    return folder

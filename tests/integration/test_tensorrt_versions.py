@@ -23,14 +23,13 @@ from engines.tensorrt import builder, cache, calibration
 from engines.tensorrt.cuda_mem import GpuInfo
 from engines.tensorrt.flavour import Flavour, UnsupportedPrecision, export_dtype, load_flavour
 from engines.tensorrt.options import EngineOptions
-from tests.helpers.families import qwen2
+from tests.helpers.families import TOKENIZER_FILES, qwen2
 
 RTX = load_flavour("tensorrt-rtx")  # a dev dependency: CI has it, so no skip
 TINY = EngineOptions(
     prefill_opt_tokens=16, prefill_max_tokens=64, context_opt_tokens=64, context_max_tokens=256
 )
 GPU = GpuInfo("NVIDIA stand-in", (8, 9), 8 << 30)  # full TensorRT builds on "its" GPU
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 class TensorRT11(types.ModuleType):

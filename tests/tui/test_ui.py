@@ -25,6 +25,8 @@ from assistant.tui.breakdown import LEGEND, LatencyBreakdown, fmt_ms
 from assistant.tui.conversation import Conversation
 from assistant.tui.stats import SessionStats
 from assistant.tui.status import StatusBar
+from engines.onnx_export import ExportOptions, export_decoder
+from tests.helpers.families import tiny_smollm2
 from tests.helpers.screen import screen_text
 from tests.helpers.tui import (
     builder,
@@ -176,12 +178,17 @@ async def test_a_chat_template_that_raises_is_named_once_and_typing_says_the_sta
 
 @pytest.mark.asyncio
 async def test_status_bar_shows_the_onnx_export_cache_hit_then_the_rebuild_of_a_damaged_one(
-    smollm2_export, onnx_model_dir, tmp_path, monkeypatch
+    model_dir, tmp_path, monkeypatch
 ):
-    """onnxruntime backend: a cached export reads as a hit; a damaged one is re-exported, not fatal."""
+    """onnxruntime backend: a cached export reads as a hit; a damaged one is re-exported, not fatal.
+
+    A random-weight model of SmolLM2's vocabulary: the export and its cache are the same code
+    at any size, and the real model's export is the ONNX tests' (tests/integration/).
+    """
     no_audio_env(monkeypatch, tmp_path)
-    exported = smollm2_export("fp32")
-    s = settings(**{"models.llm": str(onnx_model_dir), "decoder.backend": "onnxruntime"})
+    folder = tiny_smollm2(tmp_path / "models" / "tiny", model_dir)
+    exported = export_decoder(folder, ExportOptions(dtype="fp32"))
+    s = settings(**{"models.llm": str(folder), "decoder.backend": "onnxruntime"})
 
     async def start(expect: str) -> tuple[list[str], str]:
         steps: list[str] = []
