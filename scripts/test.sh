@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # each start of the app; docs/benchmarks.md "Bytecode kept").
 unset PYTHONDONTWRITEBYTECODE
 # OpenMP threads (torch's, CTranslate2's) sleep while they wait for work instead of spinning:
-# the two workers share two cores, and a spinning thread burns what the other worker needs
+# the workers share two cores, and a spinning thread burns what the other workers need
 # (the suite's CPU 1,106 -> 1,013 s in one run each; docs/benchmarks.md "Passive OpenMP waits").
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 scripts/setup.sh --dev

@@ -133,13 +133,15 @@ REAL_TIME_FILES = frozenset(
         "tests/tui/test_ui_sound.py",
         # Off the sound devices, mostly waiting on the app, at this worker's priority: the
         # lanes end about together (docs/benchmarks.md "Three workers").
+        "tests/integration/test_cli_faults.py",
+        "tests/integration/test_cli_model_errors.py",
         "tests/integration/test_leftovers.py",
         "tests/integration/test_offline_no_network.py",
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
 # The second compute lane (a third worker, ``scripts/test.sh``): the files that start the app
-# as a subprocess (its CLI and benches, setup.sh on a fake project: mostly waiting on them) and the
+# as a subprocess (its benches, setup.sh on a fake project: mostly waiting on them) and the
 # batching, serving and generation ones, whose session fixtures (``batch1_reply``) no other
 # lane uses. The first lane keeps the ONNX exports, parity and engine builds (``smollm2_export``,
 # ``pytorch_greedy``), the UI and the unit tests. Both lanes run at the lowest CPU priority, so
@@ -150,13 +152,12 @@ SECOND_COMPUTE_FILES = frozenset(
         "tests/integration/test_asr_torch.py",
         "tests/integration/test_backend_auto_cli.py",
         "tests/integration/test_benchmarks_run.py",
-        "tests/integration/test_cli_faults.py",
-        "tests/integration/test_cli_model_errors.py",
         "tests/integration/test_foreign_files_cli.py",
         "tests/integration/test_generation.py",
         "tests/integration/test_inflight_batching.py",
         "tests/integration/test_long_conversations.py",
         "tests/integration/test_long_speech_kept.py",
+        "tests/integration/test_repetitive_speech.py",
         "tests/integration/test_serve_triton.py",
         "tests/integration/test_setup_on_gpu_machine.py",
     }
@@ -177,8 +178,8 @@ def group_of(nodeid: str) -> str:
 def pytest_collection_modifyitems(config, items):
     """Skip the TensorRT engine tests unless asked; ``quiet`` tests last; sound tests listed.
 
-    The ``quiet`` tests run last on their worker: by then the compute worker is done (or nearly),
-    so they neither wait for it nor make it wait.
+    The ``quiet`` tests run last on their worker: by then the compute lanes are done (or nearly),
+    so they neither wait for them nor make them wait.
 
     Raises:
         pytest.UsageError: A test uses the virtual sound devices outside :data:`REAL_TIME_FILES`
@@ -247,9 +248,13 @@ def pytest_runtest_protocol(item, nextitem):
     ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
     whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
     rig's scenarios played) runs before any function-scoped fixture would take it, and it is
-    often the heaviest part of a test.
+    often the heaviest part of a test. The unit tests take no lock: one process of Python and
+    small arrays at the lowest priority (30 s of CPU in all), they run while the quiet tests
+    play, last in their lane, instead of after them.
     """
-    if group_of(item.nodeid) != "real-time":
+    if item.nodeid.startswith("tests/unit/"):
+        lock = nullcontext()
+    elif group_of(item.nodeid) != "real-time":
         lock = holding(exclusive=False)
     elif item.get_closest_marker("quiet"):
         lock = holding(exclusive=True)

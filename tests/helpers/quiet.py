@@ -1,9 +1,9 @@
-"""A quiet machine for the few tests that need one, while pytest-xdist runs two workers.
+"""A quiet machine for the few tests that need one, while pytest-xdist runs several workers.
 
-``scripts/test.sh`` runs the tests on the sound devices on one worker beside the compute-bound
-ones on the other (tests/conftest.py). Each compute test holds this run's lock file shared; a
-test marked ``quiet`` holds it exclusively, so while it runs the compute worker starts no test
-(it waits for the one in progress to end). Outside pytest-xdist there is no lock.
+``scripts/test.sh`` runs the tests on the sound devices on one worker beside two lanes of
+compute-bound ones (tests/conftest.py). Each compute test holds this run's lock file shared; a
+test marked ``quiet`` holds it exclusively, so while it runs the compute lanes start no test
+(it waits for the ones in progress to end). Outside pytest-xdist there is no lock.
 
 Only the echo rig's scenarios with echo cancellation on (``test_full_duplex.py``) are marked
 (the half-duplex ones gate the microphone or hear the echo whatever the load): beside the compute worker,
@@ -12,7 +12,7 @@ paused twice for its own echo (ERLE 14 dB against 24-35 dB for the other replies
 full runs of 2026-12-05 without the lock; docs/benchmarks.md). The live pause tests and the
 metrics test's spoken turn, marked before, passed without it in four runs: their failures
 had been product bugs since fixed (the echo probe, the rejoin race). The quiet tests run last
-on their worker (``tests/conftest.py``), when the compute worker is done or nearly so.
+on their worker (``tests/conftest.py``), when the compute lanes are done or nearly so.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from bench.echo_rig import echo_path
 
 pytest.importorskip("livekit")
 # The scenarios with echo cancellation on run alone (``quiet``, tests/helpers/quiet.py); the
-# half-duplex ones do not depend on it and run beside the compute worker.
+# half-duplex ones do not depend on it and run beside the compute lanes.
 quiet = pytest.mark.quiet
 
 LONG_QUESTION = "Tell me about the history of Paris."
