@@ -131,12 +131,15 @@ REAL_TIME_FILES = frozenset(
         "tests/integration/test_turn_taking.py",
         "tests/integration/test_voice_loop.py",
         "tests/tui/test_ui_sound.py",
-        # Off the sound devices, mostly waiting on the app, at this worker's priority: the
-        # lanes end about together (docs/benchmarks.md "Three workers").
+        # Off the sound devices (the app's CLI, recorded audio through the canceller), at this
+        # worker's priority: the lanes end about together (docs/benchmarks.md "Three workers").
+        "tests/integration/test_backend_auto_cli.py",
         "tests/integration/test_cli_faults.py",
         "tests/integration/test_cli_model_errors.py",
         "tests/integration/test_leftovers.py",
         "tests/integration/test_offline_no_network.py",
+        "tests/integration/test_stop_over_the_echo.py",
+        "tests/integration/test_stop_spotting.py",
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
@@ -144,13 +147,12 @@ REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
 # as a subprocess (its benches, setup.sh on a fake project: mostly waiting on them) and the
 # batching, serving and generation ones, whose session fixtures (``batch1_reply``) no other
 # lane uses. The first lane keeps the ONNX exports, parity and engine builds (``smollm2_export``,
-# ``pytorch_greedy``), the UI and the unit tests. Both lanes run at the lowest CPU priority, so
-# they fill what the real-time worker leaves idle (a third of the machine with two workers:
-# 850 s of CPU in 657 s of a 2-core run) without taking its CPU.
+# ``pytorch_greedy``) and the UI; the unit tests go to the first lane done. Both lanes run at
+# the lowest CPU priority, so they fill what the real-time worker leaves idle (a third of the
+# machine with two workers: 850 s of CPU in 657 s of a 2-core run) without taking its CPU.
 SECOND_COMPUTE_FILES = frozenset(
     {
         "tests/integration/test_asr_torch.py",
-        "tests/integration/test_backend_auto_cli.py",
         "tests/integration/test_benchmarks_run.py",
         "tests/integration/test_foreign_files_cli.py",
         "tests/integration/test_generation.py",
@@ -165,14 +167,14 @@ SECOND_COMPUTE_FILES = frozenset(
 
 
 def group_of(nodeid: str) -> str:
-    """``real-time`` (:data:`REAL_TIME_FILES`), ``compute-2`` (:data:`SECOND_COMPUTE_FILES`) or ``compute``.
-
-    A file in neither list is ``compute``.
-    """
+    """``real-time`` (:data:`REAL_TIME_FILES`), ``compute-2`` (:data:`SECOND_COMPUTE_FILES`),
+    ``unit`` (tests/unit/) or ``compute`` (the rest)."""
     path = nodeid.split("::")[0]
     if path in REAL_TIME_FILES:
         return "real-time"
-    return "compute-2" if path in SECOND_COMPUTE_FILES else "compute"
+    if path in SECOND_COMPUTE_FILES:
+        return "compute-2"
+    return "unit" if path.startswith("tests/unit/") else "compute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -216,16 +218,20 @@ def pytest_sessionfinish(session):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Three groups for ``scripts/test.sh``'s three workers, each group on one worker.
+    """The groups of :func:`group_of` for ``scripts/test.sh``'s three workers, each on one worker.
 
     The ``real-time`` tests (:data:`REAL_TIME_FILES`: audio played and recorded at speed, mostly
     waiting) run on one worker while the two compute lanes (``compute``, ``compute-2``) run on the
     others at the lowest CPU priority (:func:`pytest_runtest_setup`), so the audio tests keep
-    the CPU they would have alone. With fewer workers a worker takes the next group when done.
-    (pytest-xdist's own ``loadgroup`` does not group under pytest 9: it marks ``Item._nodeid``,
-    which pytest 9 no longer reads.)
+    the CPU they would have alone. The ``unit`` group goes to the first compute lane done: it
+    holds no quiet lock, so it runs while the quiet tests play. Groups are handed out in the
+    order their first test was collected (real-time and the two lanes first: the unit tests
+    come last), not by size. (pytest-xdist's own ``loadgroup`` does not group under pytest 9:
+    it marks ``Item._nodeid``, which pytest 9 no longer reads.)
     """
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -250,11 +256,12 @@ def pytest_runtest_protocol(item, nextitem):
     rig's scenarios played) runs before any function-scoped fixture would take it, and it is
     often the heaviest part of a test. The unit tests take no lock: one process of Python and
     small arrays at the lowest priority (30 s of CPU in all), they run while the quiet tests
-    play, last in their lane, instead of after them.
+    play instead of after them.
     """
-    if item.nodeid.startswith("tests/unit/"):
+    group = group_of(item.nodeid)
+    if group == "unit":
         lock = nullcontext()
-    elif group_of(item.nodeid) != "real-time":
+    elif group != "real-time":
         lock = holding(exclusive=False)
     elif item.get_closest_marker("quiet"):
         lock = holding(exclusive=True)
