@@ -143,13 +143,13 @@ REAL_TIME_FILES = frozenset(
     }
 )
 REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
-# The second compute lane (a third worker, ``scripts/test.sh``): the files that start the app
-# as a subprocess (its benches, setup.sh on a fake project: mostly waiting on them) and the
-# batching, serving and generation ones, whose session fixtures (``batch1_reply``) no other
-# lane uses. The first lane keeps the ONNX exports, parity and engine builds (``smollm2_export``,
-# ``pytorch_greedy``) and the UI; the unit tests go to the first lane done. Both lanes run at
-# the lowest CPU priority, so they fill what the real-time worker leaves idle (a third of the
-# machine with two workers: 850 s of CPU in 657 s of a 2-core run) without taking its CPU.
+# The second compute lane (a third worker, ``scripts/test.sh``): the benches, serving,
+# batching, generation and long-input files and set-up on a fake project; their session
+# fixtures (``batch1_reply``) no other lane uses. The first lane keeps the ONNX exports,
+# parity and engine builds (``smollm2_export``, ``pytorch_greedy``) and the UI; the unit tests
+# go to the first lane done. Both lanes run at the lowest CPU priority, so they fill what the
+# real-time worker leaves idle (a third of the machine with two workers: 850 s of CPU in 657 s
+# of a 2-core run) without taking its CPU.
 SECOND_COMPUTE_FILES = frozenset(
     {
         "tests/integration/test_asr_torch.py",
@@ -241,7 +241,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_runtest_setup(item):
-    """A pytest-xdist worker running a ``compute`` lane lowers its CPU priority (once: for good)."""
+    """A pytest-xdist worker running anything but the ``real-time`` group lowers its CPU priority (once)."""
     if os.environ.get("PYTEST_XDIST_WORKER") and group_of(item.nodeid) != "real-time" and os.nice(0) < 19:
         os.nice(19 - os.nice(0))
 
