@@ -145,8 +145,8 @@ REAL_TIME_FIXTURES = frozenset({"pulse", "live_session"})
 # The second compute lane (a third worker, ``scripts/test.sh``): the benches, serving,
 # batching, generation and long-input files and set-up on a fake project; their session
 # fixtures (``batch1_reply``) no other lane uses. The first lane keeps the ONNX exports,
-# parity and engine builds (``smollm2_export``, ``pytorch_greedy``) and the UI; the ``light``
-# group goes to the first lane done. Both lanes run at the lowest CPU priority, so they fill what the
+# parity and engine builds (``smollm2_export``, ``pytorch_greedy``) and the UI; the unit tests
+# go to the first lane done. Both lanes run at the lowest CPU priority, so they fill what the
 # real-time worker leaves idle (a third of the machine with two workers: 850 s of CPU in 657 s
 # of a 2-core run) without taking its CPU.
 SECOND_COMPUTE_FILES = frozenset(
@@ -165,19 +165,15 @@ SECOND_COMPUTE_FILES = frozenset(
 )
 
 
-# The UI's tests on fixed events (no models, no devices, no clock): light like the unit tests.
-FIXED_EVENT_UI_FILES = frozenset({"tests/tui/test_duplex_ui.py", "tests/tui/test_long_session.py"})
-
-
 def group_of(nodeid: str) -> str:
     """``real-time`` (:data:`REAL_TIME_FILES`), ``compute-2`` (:data:`SECOND_COMPUTE_FILES`),
-    ``light`` (tests/unit/ and :data:`FIXED_EVENT_UI_FILES`) or ``compute`` (the rest)."""
+    ``unit`` (tests/unit/) or ``compute`` (the rest)."""
     path = nodeid.split("::")[0]
     if path in REAL_TIME_FILES:
         return "real-time"
     if path in SECOND_COMPUTE_FILES:
         return "compute-2"
-    return "light" if path.startswith("tests/unit/") or path in FIXED_EVENT_UI_FILES else "compute"
+    return "unit" if path.startswith("tests/unit/") else "compute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -226,10 +222,10 @@ def pytest_xdist_make_scheduler(config, log):
     The ``real-time`` tests (:data:`REAL_TIME_FILES`: audio played and recorded at speed, mostly
     waiting) run on one worker while the two compute lanes (``compute``, ``compute-2``) run on the
     others at the lowest CPU priority (:func:`pytest_runtest_setup`), so the audio tests keep
-    the CPU they would have alone. The ``light`` group goes to the first compute lane done: it
+    the CPU they would have alone. The ``unit`` group goes to the first compute lane done: it
     holds no quiet lock, so it runs while the quiet tests play. Groups are handed out in the
-    order their first test was collected (real-time and the two lanes first: the light group
-    comes last), not by size. (pytest-xdist's own ``loadgroup`` does not group under pytest 9:
+    order their first test was collected (real-time and the two lanes first: the unit tests
+    come last), not by size. (pytest-xdist's own ``loadgroup`` does not group under pytest 9:
     it marks ``Item._nodeid``, which pytest 9 no longer reads.)
     """
     from xdist.scheduler import LoadScopeScheduling
@@ -257,12 +253,12 @@ def pytest_runtest_protocol(item, nextitem):
     ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
     whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
     rig's scenarios played) runs before any function-scoped fixture would take it, and it is
-    often the heaviest part of a test. The ``light`` group (the unit tests, the UI on fixed
-    events) takes no lock: one process of Python and small arrays at the lowest priority (35 s
-    of CPU in all), it runs while the quiet tests play instead of after them.
+    often the heaviest part of a test. The unit tests take no lock: one process of Python and
+    small arrays at the lowest priority (30 s of CPU in all), they run while the quiet tests
+    play instead of after them.
     """
     group = group_of(item.nodeid)
-    if group == "light":
+    if group == "unit":
         lock = nullcontext()
     elif group != "real-time":
         lock = holding(exclusive=False)
