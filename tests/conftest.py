@@ -138,6 +138,7 @@ REAL_TIME_FILES = frozenset(
         "tests/integration/test_cli_model_errors.py",
         "tests/integration/test_leftovers.py",
         "tests/integration/test_offline_no_network.py",
+        "tests/integration/test_stop_over_the_echo.py",
         "tests/integration/test_stop_spotting.py",
     }
 )
