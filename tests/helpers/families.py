@@ -230,6 +230,13 @@ def llama3_scaled():
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
+def copy_tokenizer(model_dir: Path, folder: Path) -> Path:
+    """SmolLM2's tokenizer files (:data:`TOKENIZER_FILES`) copied from ``model_dir`` into ``folder``."""
+    for name in TOKENIZER_FILES:
+        (folder / name).write_bytes((model_dir / name).read_bytes())
+    return folder
+
+
 def tiny_smollm2(folder: Path, model_dir: Path) -> Path:
     """A random-weight Llama of SmolLM2's vocabulary with its tokenizer files, in ``folder``.
 
@@ -239,6 +246,4 @@ def tiny_smollm2(folder: Path, model_dir: Path) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(**{**SMALL, "vocab_size": 49152, "eos_token_id": 2, "tie_word_embeddings": True})
     LlamaForCausalLM(config).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        (folder / name).write_bytes((model_dir / name).read_bytes())
-    return folder
+    return copy_tokenizer(model_dir, folder)

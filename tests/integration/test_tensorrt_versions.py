@@ -9,7 +9,6 @@ with the tiny random-weight model (a build takes ~2 s).
 
 from __future__ import annotations
 
-import shutil
 import sys
 import types
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from engines.tensorrt import builder, cache, calibration
 from engines.tensorrt.cuda_mem import GpuInfo
 from engines.tensorrt.flavour import Flavour, UnsupportedPrecision, export_dtype, load_flavour
 from engines.tensorrt.options import EngineOptions
-from tests.helpers.families import TOKENIZER_FILES, qwen2
+from tests.helpers.families import copy_tokenizer, qwen2
 
 RTX = load_flavour("tensorrt-rtx")  # a dev dependency: CI has it, so no skip
 TINY = EngineOptions(
@@ -100,9 +99,7 @@ def tiny_model(tmp_path, model_dir):
     torch.manual_seed(0)
     folder = tmp_path / "tiny-model"
     qwen2().save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        shutil.copy(model_dir / name, folder / name)
-    return folder
+    return copy_tokenizer(model_dir, folder)
 
 
 def test_bf16_builds_a_real_strongly_typed_tensorrt_rtx_engine(tiny_model, tmp_path):
