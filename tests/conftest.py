@@ -223,11 +223,10 @@ def pytest_xdist_make_scheduler(config, log):
     The ``real-time`` tests (:data:`REAL_TIME_FILES`: audio played and recorded at speed, mostly
     waiting) run on one worker while the two compute lanes (``compute``, ``compute-2``) run on the
     others at the lowest CPU priority (:func:`pytest_runtest_setup`), so the audio tests keep
-    the CPU they would have alone. The ``unit`` group goes to the first compute lane done: it
-    holds no quiet lock, so it runs while the quiet tests play. Groups are handed out in the
-    order their first test was collected (real-time and the two lanes first: the unit tests
-    come last), not by size. (pytest-xdist's own ``loadgroup`` does not group under pytest 9:
-    it marks ``Item._nodeid``, which pytest 9 no longer reads.)
+    the CPU they would have alone. The ``unit`` group goes to the first compute lane done.
+    Groups are handed out in the order their first test was collected (real-time and the two
+    lanes first: the unit tests come last), not by size. (pytest-xdist's own ``loadgroup``
+    does not group under pytest 9: it marks ``Item._nodeid``, which pytest 9 no longer reads.)
     """
     from xdist.scheduler import LoadScopeScheduling
 
@@ -254,14 +253,12 @@ def pytest_runtest_protocol(item, nextitem):
     ``quiet`` holds it exclusively (:mod:`tests.helpers.quiet`). The lock is held around the
     whole protocol, not in a fixture: the set-up of a module- or session-scoped fixture (a
     rig's scenarios played) runs before any function-scoped fixture would take it, and it is
-    often the heaviest part of a test. The unit tests take no lock: one process of Python and
-    small arrays at the lowest priority (30 s of CPU in all), they run while the quiet tests
-    play instead of after them.
+    often the heaviest part of a test. The unit tests hold it too: beside them (lock-free, five
+    runs green) the sixth run's echo-only replies began with an underrun and a wrong echo delay
+    (111 ms), paused for their own echo and heard it as a turn (docs/benchmarks.md).
     """
     group = group_of(item.nodeid)
-    if group == "unit":
-        lock = nullcontext()
-    elif group != "real-time":
+    if group != "real-time":
         lock = holding(exclusive=False)
     elif item.get_closest_marker("quiet"):
         lock = holding(exclusive=True)
