@@ -75,7 +75,9 @@ def test_echo_alone_never_interrupts_and_is_never_transcribed(echo_only) -> None
 
     Nor a pause, unless an audio stream ran late (an xrun, a stall) or the echo path moved just
     before it, which a loaded machine can do to the test: then the reply resumes. The same for
-    a reply's ERLE under 10 dB (a project CI run: 8.2 dB for one of 20, the others 47-59).
+    a reply's ERLE under 10 dB (a project CI run: 8.2 dB for one of 20, the others 47-59), or
+    one measured while the app was still half duplex after such an upset (the microphone gated:
+    under load the canceller took 10 replies to converge on a moved path, and 7 dB came then).
     """
     app, stderr = echo_only
     assert any("full duplex" in line for line in app.lines), app.lines  # it was listening
@@ -97,7 +99,10 @@ def test_echo_alone_never_interrupts_and_is_never_transcribed(echo_only) -> None
     measured = [e for e in events if e["event"] == "EchoMeasured" and e["erle_db"] is not None]
     assert measured, "".join(app.lines)
     for low in (e for e in measured if e["erle_db"] <= 10):  # the canceller lost a moved path for a while
-        assert any(0 <= low["t_ns"] - t < 10**10 for t in upsets), "".join(app.lines) + stderr
+        # ... and the app knew: it went half duplex just before, or it still was (the echo unheard)
+        modes = [e for e in events if e["event"] == "EchoState" and e["t_ns"] <= low["t_ns"]]
+        half = bool(modes) and not modes[-1]["full_duplex"]
+        assert half or any(0 <= low["t_ns"] - t < 10**10 for t in upsets), "".join(app.lines) + stderr
 
 
 STALLS = 4
