@@ -21,11 +21,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from assistant.config.sections import EchoOptions
+from assistant.stages.echo_measure import (
+    FAR_ACTIVE_RMS,
+    FRAME_SAMPLES,
+    SAMPLE_RATE_HZ,
+    estimate_delay,
+    levels_db,
+    loudness_match,
+)
 
-SAMPLE_RATE_HZ = 16000
-FRAME_SAMPLES = 160  # 10 ms: what WebRTC's audio processing takes
 FAR_HISTORY_S = 4  # far-end audio kept for lining up and for the delay estimate
-FAR_ACTIVE_RMS = 10 ** (-50 / 20)  # a far-end frame above -50 dBFS counts as playing
 DELAY_EVERY_FRAMES = 50  # the delay estimate is redone every 0.5 s of far-end audio
 DELAY_SPAN_FRAMES = 100  # over the last 1 s
 # With no echo path known (a headset), an echo that appears (speakers) is looked for every
@@ -39,6 +44,13 @@ DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking ove
 # 45 -> 35, 37 -> 206 ms at first replies' starts on the echo rig), the path read as moved and
 # the microphone was gated while the user went on with the question. Such a reading waits.
 DELAY_MIN_FAR_FRAMES = DELAY_SPAN_FRAMES // 2
+# The canceller lost the echo: over a delay estimate's span its output is not converged while the
+# microphone's loudness follows the far end's at the echo's delay at least this closely (it
+# holds the echo alone). The user talking over the reply lowers the ERLE too but breaks the
+# match (0.0-0.6 for a voice louder than the echo); a path whose delay wobbles by milliseconds,
+# which AEC3 cannot follow, keeps it (0.74-0.99 at 60 +- 8 ms). Two spans in a row count.
+ECHO_ALONE_MATCH = 0.9
+LOST_SPANS = 2
 # Near-end blocks follow each other by their sample count; callback times jitter by tens of
 # ms, so only a disagreement beyond this is a real gap (blocks dropped) that starts afresh.
 NEAR_GAP_SAMPLES = SAMPLE_RATE_HZ // 10
@@ -84,7 +96,11 @@ class EchoStats:
     frames (the room's echo return loss; large with a headset). ``converged``: what is left of
     the echo is at least ``converged_below_db`` under the far end (``echo_loss_db + erle_db``),
     and the canceller did it (``erle_db`` reached ``converged_erle_db``) or there was no echo
-    to speak of (``echo_loss_db`` alone is that far down).
+    to speak of (``echo_loss_db`` alone is that far down). ``echo_lost``: over the spans of the
+    last two delay estimates (a second of far end each) the canceller was not converged while
+    the microphone held the echo alone, its loudness following the far end's
+    (:func:`~assistant.stages.echo_measure.loudness_match`): the user talking over the reply
+    lowers the ERLE as well, but not that.
     """
 
     erle_db: float | None
@@ -92,6 +108,7 @@ class EchoStats:
     converged: bool
     far_frames: int  # 10 ms frames processed while the far end played
     echo_loss_db: float | None = None
+    echo_lost: bool = False
 
 
 def load_processor(options: EchoOptions) -> Any:
@@ -162,6 +179,8 @@ class EchoCanceller:
         self._delay_due = False  # an estimate came due and waits for enough far end in the span
         self._far_frames = 0
         self._delay_ms: float | None = None
+        self._delay_out: deque[np.ndarray] = deque(maxlen=DELAY_SPAN_FRAMES)  # the canceller's output
+        self._lost_spans = 0  # delay estimates in a row over which the canceller had lost the echo
         reach = (options.max_delay_ms + RESIDUAL_TAIL_MS) // 10
         self._far_recent: deque[float] = deque([0.0], maxlen=max(1, reach))  # far-end power per frame
         self.gated_frames = 0  # frames silenced as residual echo
@@ -252,6 +271,7 @@ class EchoCanceller:
         out = np.frombuffer(frame.data, np.int16).astype(np.float32) / 32768
         far_f, near_f = far.astype(np.float32) / 32768, near.astype(np.float32) / 32768
         self._delay_near.append(near_f)  # every frame: the lag needs them contiguous
+        self._delay_out.append(out)
         self._delay_far.append(far_f)
         far_power = float(np.mean(far_f**2))
         self._far_recent.append(far_power)
@@ -314,8 +334,12 @@ class EchoCanceller:
         near = np.concatenate(list(self._delay_near)[-span:])
         far = np.concatenate(list(self._delay_far)[-span:])
         lag, corr = estimate_delay(far, near, self.options.max_delay_ms)
-        if corr >= DELAY_MIN_CORRELATION:
+        found = corr >= DELAY_MIN_CORRELATION
+        if found:
             self._delay_ms = lag * 1000 / SAMPLE_RATE_HZ
+        if self._delay_ms is not None:
+            self._count_lost(far, near, np.concatenate(list(self._delay_out)[-span:]), self._delay_ms)
+        if found:
             echo_db = 10 * float(
                 np.log10(max(float(np.sum(far**2)), 1e-12) / max(float(np.sum(near**2)), 1e-12))
             )
@@ -326,6 +350,18 @@ class EchoCanceller:
         if loss is not None and loss >= self.options.converged_below_db:
             self.echo_free = True
 
+    def _count_lost(self, far: np.ndarray, near: np.ndarray, out: np.ndarray, delay_ms: float) -> None:
+        """Count the spans in a row over which the canceller lost the echo (``EchoStats.echo_lost``).
+
+        Lost: under ``converged_erle_db`` removed of an echo that was there (the microphone less
+        than ``converged_below_db`` under the far end), while the microphone held the echo alone.
+        """
+        loss_db, erle_db = levels_db(far, near, out)
+        alone = loudness_match(far, near, round(delay_ms * SAMPLE_RATE_HZ / 1000)) >= ECHO_ALONE_MATCH
+        options = self.options
+        lost = alone and erle_db < options.converged_erle_db and loss_db < options.converged_below_db
+        self._lost_spans = self._lost_spans + 1 if lost else 0
+
     def stats(self) -> EchoStats:
         """ERLE, delay and convergence so far (see :class:`EchoStats`)."""
         erle = loss = None
@@ -334,24 +370,21 @@ class EchoCanceller:
             e_in, e_out, e_far = (max(sum(e[i] for e in self._energy), 1e-12) for i in range(3))
             erle = 10 * float(np.log10(e_in / e_out))
             loss = 10 * float(np.log10(e_far / e_in))
-            below = self.options.converged_below_db
-            converged = loss + erle >= below and (erle >= self.options.converged_erle_db or loss >= below)
-            if loss >= below or self.echo_free:
+            converged = self._converged(loss, erle)
+            if loss >= self.options.converged_below_db or self.echo_free:
                 erle = None  # no echo to speak of (a headset): nothing was there to remove
             converged = converged or self.echo_free
         delay = self._delay_ms - LEAD_MS if self._delay_ms is not None else None
-        return EchoStats(erle, delay, converged, self._far_frames, loss)
+        lost = self._lost_spans >= LOST_SPANS
+        return EchoStats(erle, delay, converged, self._far_frames, loss, lost)
 
+    def _converged(self, loss_db: float, erle_db: float) -> bool:
+        """Whether the echo left is ``converged_below_db`` under the far end, removed or never there.
 
-def estimate_delay(far: np.ndarray, near: np.ndarray, max_delay_ms: float) -> tuple[int, float]:
-    """(lag in samples, normalized correlation) of ``near`` against ``far``, lags 0..max_delay_ms."""
-    n = len(far)
-    size = 1 << (2 * n - 1).bit_length()
-    corr = np.fft.irfft(np.fft.rfft(near, size) * np.conj(np.fft.rfft(far, size)), size)
-    max_lag = min(int(max_delay_ms * SAMPLE_RATE_HZ / 1000), n - 1)
-    lag = int(np.argmax(np.abs(corr[: max_lag + 1])))
-    norm = float(np.sqrt(np.sum(far[: n - lag] ** 2) * np.sum(near[lag:] ** 2)))
-    return lag, float(abs(corr[lag]) / norm) if norm > 0 else 0.0
+        Removed: ``converged_erle_db`` of ERLE; never there: the echo loss alone is that far down.
+        """
+        below = self.options.converged_below_db
+        return loss_db + erle_db >= below and (erle_db >= self.options.converged_erle_db or loss_db >= below)
 
 
 def _int16(samples: np.ndarray) -> np.ndarray:

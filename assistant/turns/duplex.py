@@ -265,9 +265,9 @@ class Duplex:
         if stats.far_frames > self._far_frames and stats.erle_db is not None:
             self._erles.append(stats.erle_db)  # the far end played since the last look
         self._far_frames = stats.far_frames
-        if self.full_duplex and self._moved(stats):
+        if self.full_duplex and (self._moved(stats) or self._lost(stats)):
             return
-        if not self._settled(stats) or not stats.converged:
+        if not self._settled(stats) or not stats.converged or stats.echo_lost:
             return  # both at one look: a delay that held, then moved before convergence, waits again
         self._moved_at = self._home = None
         assert self.canceller is not None
@@ -345,6 +345,25 @@ class Duplex:
             " until echo cancellation converges again",
             stats,
             STEADY_MS,
+        )
+        return True
+
+    def _lost(self, stats: EchoStats) -> bool:
+        """Whether the canceller lost an echo whose delay stayed put; then half duplex.
+
+        Under load the rig's echo delay read -6 ms for eight replies in a row while AEC3 removed
+        4-8 dB of it (a fresh-clone CI run): the path wobbled by less than the delay estimate
+        sees, the app stayed full duplex, its replies paused for their own echo and the echo was
+        heard as a turn. ``EchoStats.echo_lost`` tells that from the user talking over the reply
+        (which lowers the ERLE as well). Half duplex until it has converged again (:meth:`_settled`).
+        """
+        if self._no_echo or not stats.echo_lost:
+            return False
+        erle = f"ERLE {stats.erle_db:.0f} dB" if stats.erle_db is not None else "no ERLE yet"
+        self._half_duplex(
+            f"half duplex: echo cancellation lost the echo ({erle}) until it converges again",
+            stats,
+            home=self._delay_ref,
         )
         return True
 

@@ -34,7 +34,7 @@ LONG_QUESTION = "Tell me about the history of Paris."
 FAST = ("--tts-rate", "350")
 REPLIES_ECHO_ONLY = 20
 AFTER_WINDOW_S = 2.6  # past the 1.8 s continuation window (from the reply's first audio)
-UPSET = re.compile("ran late|blocks came|echo path moved")  # the half-duplex notices of a moved path
+UPSET = re.compile("ran late|blocks came|echo path moved|lost the echo")  # half-duplex notices: path upset
 
 
 def typed_replies(
