@@ -25,6 +25,7 @@ from assistant.stages.audio import SAMPLE_RATE_HZ, Microphone, Speaker, resample
 from assistant.stages.devices import DeviceLostError
 from assistant.stages.echo import EchoCanceller, EchoStats
 from assistant.stages.echo_linear import EchoSpan, EchoTrack
+from assistant.turns.echo_mode import EchoMode
 
 logger = logging.getLogger(__name__)
 
@@ -36,26 +37,11 @@ PROBE_DBFS = -24.0
 PROBE_TAIL_NS = 300_000_000  # the probe's echo and room tail, after it left the speaker
 PROBE_WAIT_S = 3.0  # at most this long for the speaker to write the probe out
 UNSUPPRESSED_S = 10  # how much of the raw microphone and far end is kept for the overlap judge
-# The echo delay this far from where the canceller converged: the echo path moved and AEC3 has
-# lost it for a while (a 40 ms move slewed over 2 s: 8-16 dB ERLE for ~3 s; replies paused for
-# their own echo on the echo rig). Clock drift (~0.1 ms a second) is followed, FOLLOW_MS a look.
-MOVED_MS = 15.0
-FOLLOW_MS = 1.0
 # A microphone block this much later than the one before it plus its length: the capture side
 # stalled (the blocks come within 0.3 ms of their length on an idle machine, 280-300 ms late
 # after the process was held 300 ms; once 111 ms just after start), and the echo path may move
 # as after an xrun.
 STALL_NS = 150_000_000
-# After a move the path goes on settling for seconds (a stalled app on the echo rig: 25 -> 41
-# -> 9 ms over 4 s), and full duplex declared on half a second converged paused replies for
-# their echo again: full duplex only once the delay held within STEADY_WITHIN_MS for STEADY_MS
-# of reply audio. Not after an xrun or a stall alone: that comes at the start of a reply on a
-# busy machine, when the user goes on with the question, and a gated microphone loses those
-# words; the convergence window is enough there when the delay reads where it was before. When
-# it reads elsewhere the stall moved the path (a fresh-clone CI run: 60 -> 18 ms after a 300 ms
-# stall, full duplex on that, four pauses for the reply's own echo): as after a move.
-STEADY_MS = 2000
-STEADY_WITHIN_MS = 5.0
 # Until the canceller has heard this much far end (the probe's 0.8 s and a first reply), its
 # suppressor takes the first syllables of words said over a reply with the echo: the rest of a
 # question said at a session's first reply lost 8 of 112 words, still 1 after 2 s of a reply,
@@ -99,24 +85,22 @@ class Duplex:
         self.reason = reason if speaker is not None or canceller is None else "no speaker: nothing to cancel"
         self.speaker = speaker
         self.microphone = microphone
-        self.emit: Callable[[Event], None] = _nowhere
         self.probe = probe and self.canceller is not None
-        self.full_duplex = False
+        self.mode = EchoMode(self.canceller) if self.canceller is not None else None
         self.probe_until_ns = 0  # the microphone hears the probe until then: not the user
         self._blocks = 0
         self._far_frames = 0  # the canceller's count at the last look
         self._erles: list[float] = []  # ERLE of the windows while the far end played, since report()
-        self._no_echo: bool | None = None  # what the last full-duplex report said of the echo path
-        self._delay_ref: float | None = None  # the echo delay the canceller is converged at (ms)
-        self._moved_at: int | None = None  # the canceller's far-end frames when the echo path moved
-        self._steady: tuple[float | None, int] = (None, 0)  # since a move: (delay ms, held since frame)
-        self._steady_frames = 0  # how long (far-end frames) the delay must hold before full duplex
-        self._home: float | None = None  # after a stream ran late: the delay converged at before it
         self._xruns = self._xrun_count()  # the streams' xruns so far (each may move the echo path)
         self._last_block_ns = 0  # when the microphone's last block arrived
         self._unsuppressed = EchoTrack(UNSUPPRESSED_S)  # what went into the canceller
         if self.canceller is not None and speaker is not None:
             speaker.far_end = deque(maxlen=FAR_END_BLOCKS)
+
+    @property
+    def full_duplex(self) -> bool:
+        """Whether the microphone is heard over replies (:class:`~assistant.turns.echo_mode.EchoMode`)."""
+        return self.mode is not None and self.mode.full_duplex
 
     def play_probe(self) -> None:
         """Start the microphone and play the probe now (while the models load), once."""
@@ -140,10 +124,10 @@ class Duplex:
         The microphone's blocks queued while the models loaded (the probe's echo among them)
         go through the canceller first, and are dropped: they are not the user's turn.
         """
-        self.emit = emit
-        if self.canceller is None:
+        if self.mode is None:
             emit(EchoState(0, _now(), False, f"half duplex: {self.reason}"))
             return
+        self.mode.emit = emit
         emit(EchoState(0, _now(), False, "half duplex until echo cancellation converges"))
         self.play_probe()
         if self.microphone is not None and self.probe_until_ns:
@@ -260,141 +244,26 @@ class Duplex:
 
     def _check(self) -> None:
         stats = self.stats()
-        if stats is None:
+        if stats is None or self.mode is None:
             return
         if stats.far_frames > self._far_frames and stats.erle_db is not None:
             self._erles.append(stats.erle_db)  # the far end played since the last look
         self._far_frames = stats.far_frames
-        if self.full_duplex and (self._moved(stats) or self._lost(stats)):
-            return
-        if not self._settled(stats) or not stats.converged or stats.echo_lost:
-            return  # both at one look: a delay that held, then moved before convergence, waits again
-        self._moved_at = self._home = None
-        assert self.canceller is not None
-        below = self.canceller.options.converged_below_db
-        # A headset or a quiet speaker; the user talking over a reply lowers the loss, not echo_free.
-        no_echo = self.canceller.echo_free or (stats.echo_loss_db is not None and stats.echo_loss_db >= below)
-        if self.full_duplex and no_echo == self._no_echo:
-            return  # reported already; said again when an echo path appears (or goes) mid-session
-        self.full_duplex, self._no_echo = True, no_echo
-        self._delay_ref = stats.delay_ms
-        if no_echo:
-            reason = f"full duplex: no echo heard ({stats.echo_loss_db:.0f} dB under the speaker)"
-            self.emit(EchoState(0, _now(), True, reason, None, None))
-            logger.info("%s", reason)
-            return
-        erle = f"ERLE {stats.erle_db:.0f} dB" if stats.erle_db is not None else "no echo"
-        delay = f", echo delay {stats.delay_ms:.0f} ms" if stats.delay_ms is not None else ""
-        reason = f"full duplex: echo cancelled ({erle}{delay})"
-        logger.info("%s", reason)
-        self.emit(EchoState(0, _now(), True, reason, stats.erle_db, stats.delay_ms))
+        self.mode.check(stats)
+
+    def _ran_late(self, what: str) -> None:
+        """A stream ran late (``what``): the echo path may have moved (``EchoMode.ran_late``)."""
+        logger.info("%s", what)
+        stats = self.stats()
+        if self.mode is not None and stats is not None:
+            self.mode.ran_late(what, stats)
 
     def _xrun_count(self) -> int:
         return sum(stream.xruns for stream in (self.speaker, self.microphone) if stream is not None)
 
-    def _ran_late(self, what: str) -> None:
-        """A stream ran late (``what``): the echo path may have moved; half duplex at once.
-
-        An xrun: the speaker's output underran or the microphone's input overran, PortAudio
-        restarted the stream and the sound server placed it where it could (an echo rig's
-        delay went 97 -> 6 ms after an underrun on a loaded machine; AEC3 lost the echo for a
-        while and a reply paused for it). Or the process stalled: the microphone's backlog
-        comes late, in a burst. Half duplex from the block where it shows (before the VAD
-        hears it) until the canceller has converged on audio played since.
-        """
-        logger.info("%s", what)
-        stats = self.stats()
-        if not self.full_duplex or self._no_echo or stats is None:
-            return
-        self._half_duplex(
-            f"half duplex: {what}; the echo path may have moved, until echo cancellation converges again",
-            stats,
-            home=self._delay_ref,
-        )
-
-    def _half_duplex(
-        self, reason: str, stats: EchoStats, steady_ms: int = 0, home: float | None = None
-    ) -> None:
-        """Back to half duplex until the canceller converges on far-end audio played from now.
-
-        ``steady_ms``: and until the delay has held that long (of far-end audio). ``home``: the
-        delay before; held elsewhere, it must hold :data:`STEADY_MS`.
-        """
-        logger.info("%s", reason)
-        self.full_duplex, self._moved_at, self._delay_ref, self._home = False, stats.far_frames, None, home
-        self._steady, self._steady_frames = (stats.delay_ms, stats.far_frames), steady_ms // 10
-        self.emit(EchoState(0, _now(), False, reason, stats.erle_db, stats.delay_ms))
-
-    def _moved(self, stats: EchoStats) -> bool:
-        """Whether the echo path moved away from where the canceller converged; then half duplex.
-
-        The delay is the lag of the microphone's correlation with what the speaker played, so
-        the user talking over a reply (which lowers the ERLE as a lost canceller does) leaves it
-        where it was. Half duplex until the canceller has converged again (:meth:`_settled`).
-        """
-        if self._no_echo or stats.delay_ms is None:
-            return False
-        if self._delay_ref is None:
-            self._delay_ref = stats.delay_ms
-        gap = stats.delay_ms - self._delay_ref
-        if abs(gap) < MOVED_MS:
-            self._delay_ref += float(np.clip(gap, -FOLLOW_MS, FOLLOW_MS))  # drift: followed
-            return False
-        self._half_duplex(
-            f"half duplex: the echo path moved (delay {self._delay_ref:.0f} -> {stats.delay_ms:.0f} ms)"
-            " until echo cancellation converges again",
-            stats,
-            STEADY_MS,
-        )
-        return True
-
-    def _lost(self, stats: EchoStats) -> bool:
-        """Whether the canceller lost an echo whose delay stayed put; then half duplex.
-
-        Under load the rig's echo delay read -6 ms for eight replies in a row while AEC3 removed
-        4-8 dB of it (a fresh-clone CI run): the path wobbled by less than the delay estimate
-        sees, the app stayed full duplex, its replies paused for their own echo and the echo was
-        heard as a turn. ``EchoStats.echo_lost`` tells that from the user talking over the reply
-        (which lowers the ERLE as well). Half duplex until it has converged again (:meth:`_settled`).
-        """
-        if self._no_echo or not stats.echo_lost:
-            return False
-        erle = f"ERLE {stats.erle_db:.0f} dB" if stats.erle_db is not None else "no ERLE yet"
-        self._half_duplex(
-            f"half duplex: echo cancellation lost the echo ({erle}) until it converges again",
-            stats,
-            home=self._delay_ref,
-        )
-        return True
-
-    def _settled(self, stats: EchoStats) -> bool:
-        """Whether the echo path has settled since it moved (or a stream ran late).
-
-        The convergence window must hold only far-end audio played since (its earlier frames,
-        cancelled before the move, still say converged), and after a move the delay must have
-        held for :data:`STEADY_MS` of it; after a stream ran late too, unless it holds where
-        it was before.
-        """
-        if self._moved_at is None:
-            return True
-        assert self.canceller is not None
-        delay, since = self._steady
-        if stats.delay_ms is None or delay is None or abs(stats.delay_ms - delay) > STEADY_WITHIN_MS:
-            self._steady = (stats.delay_ms, stats.far_frames)
-            return False
-        window = self.canceller.options.window_ms // 10
-        steady_frames = self._steady_frames
-        if self._home is not None and abs(delay - self._home) > STEADY_WITHIN_MS:
-            steady_frames = STEADY_MS // 10  # the stall moved the path
-        return stats.far_frames - self._moved_at >= window and stats.far_frames - since >= steady_frames
-
 
 def _duration_ns(samples: int) -> int:
     return samples * 1_000_000_000 // SAMPLE_RATE_HZ
-
-
-def _nowhere(_event: Event) -> None:
-    """Where events go before :meth:`Duplex.start`."""
 
 
 def _now() -> int:

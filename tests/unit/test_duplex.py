@@ -20,7 +20,8 @@ import assistant.turns.duplex as duplex_module
 from assistant.config.sections import EchoOptions
 from assistant.events import EchoState, Event
 from assistant.stages.echo import EchoCanceller, load_processor
-from assistant.turns.duplex import PROBE_TAIL_NS, STEADY_MS, Duplex, probe_signal
+from assistant.turns.duplex import PROBE_TAIL_NS, Duplex, probe_signal
+from assistant.turns.echo_mode import STEADY_MS
 from bench.speech import speak
 
 pytest.importorskip("livekit")
