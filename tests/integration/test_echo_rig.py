@@ -22,11 +22,18 @@ def utterance(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
 def test_echo_path_has_the_delay_and_gain_asked_for(
     pulse: dict[str, str], utterance: np.ndarray, delay_ms: int, gain_db: float
 ) -> None:
-    """The direct tap arrives ``delay_ms`` (plus PulseAudio's ~10 ms transport) later at ``gain_db``."""
+    """The direct tap arrives ``delay_ms`` (plus PulseAudio's ~10 ms transport) later at ``gain_db``.
+
+    Measured once more when the first reading is off: PulseAudio's loopbacks reach their latency
+    by adjusting their rate, and on a machine busy with the compute lanes' exports one fresh-clone
+    run read 104 ms at -20 dB for 60 ms at -13 dB half a second after the path was loaded.
+    """
     with echo_path(pulse, delay_ms, gain_db, reflections=2):
-        far, near = play_and_record(pulse, utterance)
-    echo = estimate_echo(far, near)
-    print(f"asked {delay_ms} ms {gain_db} dB: measured {echo}")
+        for attempt in (1, 2):
+            echo = estimate_echo(*play_and_record(pulse, utterance))
+            print(f"asked {delay_ms} ms {gain_db} dB: measured {echo} (attempt {attempt})")
+            if delay_ms <= echo.delay_ms <= delay_ms + 25 and abs(echo.gain_db - gain_db) < 1.5:
+                break
     assert delay_ms <= echo.delay_ms <= delay_ms + 25
     assert abs(echo.gain_db - gain_db) < 1.5
 
