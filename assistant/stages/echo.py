@@ -44,11 +44,12 @@ DELAY_MIN_CORRELATION = 0.3  # a weaker peak is no echo (or the user talking ove
 # 45 -> 35, 37 -> 206 ms at first replies' starts on the echo rig), the path read as moved and
 # the microphone was gated while the user went on with the question. Such a reading waits.
 DELAY_MIN_FAR_FRAMES = DELAY_SPAN_FRAMES // 2
-# The canceller lost the echo: over a delay estimate's span its output is not converged while the
-# microphone's loudness follows the far end's at the echo's delay at least this closely (it
-# holds the echo alone). The user talking over the reply lowers the ERLE too but breaks the
-# match (0.0-0.6 for a voice louder than the echo); a path whose delay wobbles by milliseconds,
-# which AEC3 cannot follow, keeps it (0.74-0.99 at 60 +- 8 ms). Two spans in a row count.
+# The canceller lost the echo: over a delay estimate's span it removed under converged_erle_db of
+# an echo that was there while the microphone's loudness followed the far end's at the echo's
+# delay at least this closely (it held the echo alone). The user talking over the reply lowers
+# the ERLE too but breaks the match (0.0-0.45 for a voice 10 dB louder than the echo); a path
+# whose delay wobbles by milliseconds, which AEC3 cannot follow, keeps it (0.78-0.99 at 60 +- 8
+# ms). Two spans in a row count.
 ECHO_ALONE_MATCH = 0.9
 LOST_SPANS = 2
 # Near-end blocks follow each other by their sample count; callback times jitter by tens of
@@ -97,10 +98,10 @@ class EchoStats:
     the echo is at least ``converged_below_db`` under the far end (``echo_loss_db + erle_db``),
     and the canceller did it (``erle_db`` reached ``converged_erle_db``) or there was no echo
     to speak of (``echo_loss_db`` alone is that far down). ``echo_lost``: over the spans of the
-    last two delay estimates (a second of far end each) the canceller was not converged while
-    the microphone held the echo alone, its loudness following the far end's
-    (:func:`~assistant.stages.echo_measure.loudness_match`): the user talking over the reply
-    lowers the ERLE as well, but not that.
+    last two delay estimates (a second of far end each) the canceller removed under
+    ``converged_erle_db`` of an echo that was there while the microphone held the echo alone, its
+    loudness following the far end's (:func:`~assistant.stages.echo_measure.loudness_match`):
+    the user talking over the reply lowers the ERLE as well, but not that.
     """
 
     erle_db: float | None
