@@ -26,13 +26,3 @@ def echo_of(far: np.ndarray, delay_ms: float = 60, gain_db: float = -13, drift: 
         at = n - tap_ms * 16 - drift * n
         out[at >= 8] += gain * fractional_read(far, at[at >= 8])
     return out.astype(far.dtype)
-
-
-def speechlike(seconds: float, seed: int) -> np.ndarray:
-    """Noise with syllable-rate (4 Hz) bursts and speech's low-pass tilt, about -20 dBFS."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * 16000)
-    noise = np.convolve(rng.standard_normal(n), np.ones(4) / 4, mode="same")
-    t = np.arange(n) / 16000
-    envelope = np.clip(np.sin(2 * np.pi * 4 * t + rng.uniform(0, 6)), 0, None) ** 0.5
-    return (0.2 * noise * envelope).astype(np.float32)

@@ -15,13 +15,23 @@ from assistant.stages.echo import (
     echo_canceller,
     load_processor,
 )
-from tests.helpers.echo import echo_of, speechlike
+from tests.helpers.echo import echo_of
 
 pytest.importorskip("livekit")
 
 BLOCK = 512  # the capture path's 32 ms blocks: not a multiple of the 10 ms frame
 BLOCK_NS = BLOCK * 1_000_000_000 // SAMPLE_RATE_HZ
 T0_NS = 1_000_000_000_000
+
+
+def speechlike(seconds: float, seed: int) -> np.ndarray:
+    """Noise with syllable-rate (4 Hz) bursts and speech's low-pass tilt, about -20 dBFS."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * SAMPLE_RATE_HZ)
+    noise = np.convolve(rng.standard_normal(n), np.ones(4) / 4, mode="same")
+    t = np.arange(n) / SAMPLE_RATE_HZ
+    envelope = np.clip(np.sin(2 * np.pi * 4 * t + rng.uniform(0, 6)), 0, None) ** 0.5
+    return (0.2 * noise * envelope).astype(np.float32)
 
 
 def voiced(seconds: float, seed: int) -> np.ndarray:
