@@ -47,8 +47,8 @@ DELAY_MIN_FAR_FRAMES = DELAY_SPAN_FRAMES // 2
 # The canceller lost the echo: over a delay estimate's span it removed under converged_erle_db of
 # an echo that was there while the microphone's loudness followed the far end's at the echo's
 # delay at least this closely (it held the echo alone). The user talking over the reply lowers
-# the ERLE too but breaks the match (0.0-0.45 for a voice 10 dB louder than the echo); a path
-# whose delay wobbles by milliseconds, which AEC3 cannot follow, keeps it (0.78-0.99 at 60 +- 8
+# the ERLE too but breaks the match (0.22-0.64 for a voice 10 dB louder than the echo); a path
+# whose delay wobbles by milliseconds, which AEC3 cannot follow, keeps it (0.87-0.99 at 60 +- 8
 # ms). Two spans in a row count.
 ECHO_ALONE_MATCH = 0.9
 LOST_SPANS = 2
